@@ -1,0 +1,141 @@
+//! Settings of the runtime and of agents, as plain serde data. The `troupe` binary
+//! reads them from files and the environment; this crate only receives them.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::hooks::HookConfig;
+use crate::planner::PlannerConfig;
+use crate::protocol::Limits;
+use crate::tool_pool::ToolPoolConfig;
+
+/// How many restarts a supervised actor gets before its supervisor gives up on it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RestartPolicy {
+    /// Restarts allowed within `period`; one more is a meltdown.
+    pub max_restarts: usize,
+    /// The sliding window.
+    #[serde(with = "duration_secs")]
+    pub period: Duration,
+}
+
+impl Default for RestartPolicy {
+    fn default() -> Self {
+        Self {
+            max_restarts: 3,
+            period: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Settings of the whole runtime.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RuntimeConfig {
+    /// Runs with a live session at once; more are refused with `Overloaded`.
+    pub max_active_runs: usize,
+    /// Restart intensity per run session (a meltdown fails the run) and for the
+    /// shared actors (a meltdown stops the runtime).
+    pub restarts: RestartPolicy,
+    /// The tool pool.
+    pub tool_pool: ToolPoolConfig,
+    /// The built-in hooks.
+    pub hooks: HookConfig,
+    /// The planner.
+    pub planner: PlannerConfig,
+    /// Live events buffered per run for subscribers; a slower subscriber catches
+    /// up from the store.
+    pub event_buffer: usize,
+    /// Times a final answer may be sent back by a `gather_more` review.
+    pub max_reflections: u32,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self {
+            max_active_runs: 64,
+            restarts: RestartPolicy::default(),
+            tool_pool: ToolPoolConfig::default(),
+            hooks: HookConfig::default(),
+            planner: PlannerConfig::default(),
+            event_buffer: 256,
+            max_reflections: 1,
+        }
+    }
+}
+
+/// Which reviewer judges an agent's turns.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ReviewerKind {
+    /// Deterministic rules (see `reviewer::rule_based`).
+    #[default]
+    RuleBased,
+    /// A model judges, with the rules as the fallback.
+    Model {
+        /// The model's name; `None` uses the agent's model.
+        #[serde(default)]
+        model: Option<String>,
+    },
+}
+
+/// An agent: instructions, a model, tools and limits.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    /// Unique name.
+    pub name: String,
+    /// The system prompt.
+    #[serde(default)]
+    pub instructions: String,
+    /// The model's name; `None` uses the default model.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// Tools it may call, beyond the built-in `todo_write` and `ask_user`.
+    #[serde(default)]
+    pub tools: Vec<String>,
+    /// Default limits of its runs.
+    #[serde(default)]
+    pub limits: Limits,
+    /// Its reviewer.
+    #[serde(default)]
+    pub reviewer: ReviewerKind,
+}
+
+impl AgentConfig {
+    /// An agent with default limits and the rule-based reviewer.
+    pub fn new(
+        name: impl Into<String>,
+        instructions: impl Into<String>,
+        tools: Vec<String>,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            instructions: instructions.into(),
+            model: None,
+            tools,
+            limits: Limits::default(),
+            reviewer: ReviewerKind::RuleBased,
+        }
+    }
+}
+
+/// Serde for durations written as seconds (a number, fractions allowed).
+pub mod duration_secs {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    /// Writes seconds as a float.
+    pub fn serialize<S: Serializer>(duration: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_f64(duration.as_secs_f64())
+    }
+
+    /// Reads seconds from a number.
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+        let seconds = f64::deserialize(deserializer)?;
+        Duration::try_from_secs_f64(seconds).map_err(serde::de::Error::custom)
+    }
+}

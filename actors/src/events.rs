@@ -1,0 +1,177 @@
+//! Live event fan-out. Each run with a subscriber has a `broadcast` channel; a
+//! session publishes a commit's events after the store has them, never before. A
+//! subscription replays from the store and then follows the channel, deduplicating
+//! by seq at the seam; a subscriber that lags the channel is served from the store,
+//! so a slow client never slows a run and never misses an event.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use dashmap::DashMap;
+use futures::stream::{self, BoxStream};
+use tokio::sync::broadcast::{self, error::RecvError};
+
+use crate::protocol::{EventKind, RunEvent, RunId};
+use crate::store::{RunStore, StoreError};
+
+/// Events read from the store per round trip while replaying.
+const REPLAY_BATCH: usize = 256;
+
+/// The per-run live channels.
+pub struct EventHub {
+    channels: DashMap<RunId, broadcast::Sender<RunEvent>>,
+    capacity: usize,
+}
+
+impl EventHub {
+    /// A hub whose channels buffer `capacity` events per run.
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            channels: DashMap::new(),
+            capacity: capacity.max(1),
+        }
+    }
+
+    /// Whether anyone listens to `run_id` (publishing is free otherwise).
+    pub fn has_subscribers(&self, run_id: RunId) -> bool {
+        self.channels
+            .get(&run_id)
+            .is_some_and(|sender| sender.receiver_count() > 0)
+    }
+
+    /// Sends committed events to the run's live subscribers.
+    pub fn publish(&self, run_id: RunId, events: &[RunEvent]) {
+        if let Some(sender) = self.channels.get(&run_id) {
+            for event in events {
+                // No receiver is not an error: subscribers come and go.
+                let _ = sender.send(event.clone());
+            }
+        }
+    }
+
+    /// Ends the run's channel: subscribers drain what is buffered, then finish.
+    pub fn close(&self, run_id: RunId) {
+        self.channels.remove(&run_id);
+    }
+
+    fn receiver(&self, run_id: RunId) -> broadcast::Receiver<RunEvent> {
+        self.channels
+            .entry(run_id)
+            .or_insert_with(|| broadcast::channel(self.capacity).0)
+            .subscribe()
+    }
+
+    fn release(&self, run_id: RunId) {
+        self.channels
+            .remove_if(&run_id, |_, sender| sender.receiver_count() == 0);
+    }
+}
+
+struct Cursor {
+    run_id: RunId,
+    last: u64,
+    backlog: VecDeque<RunEvent>,
+    receiver: Option<broadcast::Receiver<RunEvent>>,
+    store: Arc<dyn RunStore>,
+    hub: Arc<EventHub>,
+    /// Whether the store may hold events the backlog lacks (at the start, after a
+    /// lag or a gap). Live events are not read back from the store.
+    stale: bool,
+    ended: bool,
+}
+
+/// Every event of `run_id` after seq `after`, exactly once and in order: first
+/// from the store, then live. The stream ends after the run's `run_end` event.
+pub fn subscribe(
+    hub: Arc<EventHub>,
+    store: Arc<dyn RunStore>,
+    run_id: RunId,
+    after: u64,
+) -> BoxStream<'static, Result<RunEvent, StoreError>> {
+    // Subscribe before the first store read so nothing committed in between is missed.
+    let receiver = Some(hub.receiver(run_id));
+    let cursor = Cursor {
+        run_id,
+        last: after,
+        backlog: VecDeque::new(),
+        receiver,
+        store,
+        hub,
+        stale: true,
+        ended: false,
+    };
+    Box::pin(stream::unfold(cursor, |mut cursor| async move {
+        match cursor.next().await {
+            Ok(Some(event)) => Some((Ok(event), cursor)),
+            Ok(None) => None,
+            Err(error) => {
+                cursor.ended = true;
+                Some((Err(error), cursor))
+            }
+        }
+    }))
+}
+
+impl Cursor {
+    async fn next(&mut self) -> Result<Option<RunEvent>, StoreError> {
+        loop {
+            if let Some(event) = self.backlog.pop_front() {
+                if event.seq <= self.last {
+                    continue;
+                }
+                if event.seq > self.last + 1 {
+                    // A gap: what is missing is in the store.
+                    self.backlog.clear();
+                    self.stale = true;
+                    continue;
+                }
+                self.last = event.seq;
+                if matches!(event.kind, EventKind::RunEnd { .. }) {
+                    self.finish();
+                }
+                return Ok(Some(event));
+            }
+            if self.ended {
+                return Ok(None);
+            }
+            if self.stale {
+                // Keep reading until a batch comes back empty.
+                self.stale = self.refill().await?;
+                if self.stale {
+                    continue;
+                }
+            }
+            let Some(receiver) = self.receiver.as_mut() else {
+                return Ok(None);
+            };
+            match receiver.recv().await {
+                Ok(event) => self.backlog.push_back(event),
+                Err(RecvError::Lagged(_)) => self.stale = true,
+                Err(RecvError::Closed) => {
+                    // The run's session ended; whatever it committed is in the store.
+                    self.receiver = None;
+                    if !self.refill().await? {
+                        self.finish();
+                    }
+                }
+            }
+        }
+    }
+
+    /// Loads the next batch from the store; false when there was nothing new.
+    async fn refill(&mut self) -> Result<bool, StoreError> {
+        let batch = self
+            .store
+            .events_after(self.run_id, self.last, REPLAY_BATCH)
+            .await?;
+        let found = !batch.is_empty();
+        self.backlog.extend(batch);
+        Ok(found)
+    }
+
+    fn finish(&mut self) {
+        self.ended = true;
+        self.receiver = None;
+        self.hub.release(self.run_id);
+    }
+}

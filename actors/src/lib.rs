@@ -1,0 +1,47 @@
+//! troupe's runtime core: one agent run is a supervised tree of ractor actors
+//! exchanging typed messages.
+//!
+//! # Layout
+//!
+//! - [`runtime`]: the API boundary ([`Runtime`]): start, submit, subscribe, input,
+//!   cancel, shutdown. Callers never hold a ref to an internal actor.
+//! - [`protocol`]: the shared vocabulary (runs, plans, tool calls and outcomes,
+//!   reviews, events, usage), plain serde data.
+//! - [`supervisor`]: the root actor: restarts, the registry of live runs.
+//! - [`session`]: one actor per run: the turn loop.
+//! - [`planner`]: one actor per run: the plan (`todo_write`).
+//! - [`tool_pool`]: the shared executor: a bounded queue and linked workers.
+//! - [`hooks`]: the hook chain every tool call goes through, and its built-ins.
+//! - [`reviewer`]: judges every turn.
+//! - [`events`]: live fan-out of committed events, with replay from the store.
+//! - Ports: [`llm`] (the model), [`tool`] (tools), [`store`] (runs, events and the
+//!   in-memory store).
+//! - [`metrics`]: every metric name; [`config`]: settings as serde data.
+//! - `testing` (feature `testing`): scripted model, test tools, faulty store.
+//!
+//! This crate depends on no HTTP server, SQL driver, HTTP client or metrics
+//! exporter: those are adapters in the `troupe` package.
+
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod events;
+pub mod hooks;
+pub mod llm;
+pub mod metrics;
+pub mod planner;
+pub mod protocol;
+pub mod reviewer;
+pub mod runtime;
+pub mod session;
+pub mod store;
+pub mod supervisor;
+pub mod tool;
+pub mod tool_pool;
+
+#[cfg(feature = "testing")]
+pub mod testing;
+
+pub use runtime::{
+    CancelError, Deps, InputError, Runtime, RuntimeError, SubmitError, SubmitRequest,
+};

@@ -1,0 +1,151 @@
+//! Every metric troupe exports, by name, and the helpers that record them through
+//! the `metrics` facade. No other module spells a metric name. Labels are bounded
+//! sets (agent, tool, model, status, reason); run ids never become labels.
+
+use std::time::Duration;
+
+use metrics::{counter, gauge, histogram};
+
+/// Runs accepted, by agent.
+pub const RUNS_STARTED_TOTAL: &str = "troupe_runs_started_total";
+/// Runs that reached a terminal state, by agent and status.
+pub const RUNS_FINISHED_TOTAL: &str = "troupe_runs_finished_total";
+/// Runs with a live session.
+pub const RUNS_ACTIVE: &str = "troupe_runs_active";
+/// Runs resumed from the store after a restart.
+pub const RUNS_RECOVERED_TOTAL: &str = "troupe_runs_recovered_total";
+/// Submissions refused by admission control, by reason.
+pub const ADMISSION_REJECTED_TOTAL: &str = "troupe_admission_rejected_total";
+/// Turns completed.
+pub const TURNS_TOTAL: &str = "troupe_turns_total";
+/// Wall time of a turn.
+pub const TURN_DURATION_SECONDS: &str = "troupe_turn_duration_seconds";
+/// Tool calls, by tool and final status.
+pub const TOOL_CALLS_TOTAL: &str = "troupe_tool_calls_total";
+/// Wall time of a tool call, by tool.
+pub const TOOL_CALL_DURATION_SECONDS: &str = "troupe_tool_call_duration_seconds";
+/// Calls the hook chain skipped, by tool and reason.
+pub const TOOL_CALLS_SKIPPED_TOTAL: &str = "troupe_tool_calls_skipped_total";
+/// Times a tool became blocked by the failure rule, by tool.
+pub const TOOLS_BLOCKED: &str = "troupe_tools_blocked";
+/// Calls waiting in the tool pool's queue.
+pub const TOOL_QUEUE_DEPTH: &str = "troupe_tool_queue_depth";
+/// Model requests, by model and status.
+pub const MODEL_REQUESTS_TOTAL: &str = "troupe_model_requests_total";
+/// Wall time of a model request, by model.
+pub const MODEL_REQUEST_DURATION_SECONDS: &str = "troupe_model_request_duration_seconds";
+/// Model tokens, by model and direction (input, output).
+pub const MODEL_TOKENS_TOTAL: &str = "troupe_model_tokens_total";
+/// Money spent on models, by model, in millionths of a USD (counters are integers;
+/// divide by 1e6 in queries).
+pub const COST_MICRODOLLARS_TOTAL: &str = "troupe_cost_microdollars_total";
+/// Review scores, by dimension (quality, completeness, relevance).
+pub const REVIEW_SCORE: &str = "troupe_review_score";
+/// Reviews, by recommendation and status.
+pub const REVIEWS_TOTAL: &str = "troupe_reviews_total";
+/// Actor restarts by supervision, by actor kind.
+pub const ACTOR_RESTARTS_TOTAL: &str = "troupe_actor_restarts_total";
+/// Runs failed because their session crashed too often.
+pub const SUPERVISOR_MELTDOWNS_TOTAL: &str = "troupe_supervisor_meltdowns_total";
+
+/// Buckets (seconds) for every duration histogram.
+pub const DURATION_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+];
+
+/// Buckets for review scores in 0..=1.
+pub const SCORE_BUCKETS: &[f64] = &[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0];
+
+/// A run was accepted.
+pub fn run_started(agent: &str) {
+    counter!(RUNS_STARTED_TOTAL, "agent" => agent.to_owned()).increment(1);
+}
+
+/// A run ended with `status`.
+pub fn run_finished(agent: &str, status: &'static str) {
+    counter!(RUNS_FINISHED_TOTAL, "agent" => agent.to_owned(), "status" => status).increment(1);
+}
+
+/// The number of live sessions.
+pub fn runs_active(count: usize) {
+    gauge!(RUNS_ACTIVE).set(count as f64);
+}
+
+/// A run was resumed from the store.
+pub fn run_recovered() {
+    counter!(RUNS_RECOVERED_TOTAL).increment(1);
+}
+
+/// A submission was refused.
+pub fn admission_rejected(reason: &'static str) {
+    counter!(ADMISSION_REJECTED_TOTAL, "reason" => reason).increment(1);
+}
+
+/// A turn finished after `elapsed`.
+pub fn turn_finished(elapsed: Duration) {
+    counter!(TURNS_TOTAL).increment(1);
+    histogram!(TURN_DURATION_SECONDS).record(elapsed.as_secs_f64());
+}
+
+/// A tool call ended with `status` after `elapsed`.
+pub fn tool_call(tool: &str, status: &'static str, elapsed: Duration) {
+    counter!(TOOL_CALLS_TOTAL, "tool" => tool.to_owned(), "status" => status).increment(1);
+    histogram!(TOOL_CALL_DURATION_SECONDS, "tool" => tool.to_owned()).record(elapsed.as_secs_f64());
+}
+
+/// The hook chain skipped a call.
+pub fn tool_skipped(tool: &str, reason: &'static str) {
+    counter!(TOOL_CALLS_SKIPPED_TOTAL, "tool" => tool.to_owned(), "reason" => reason).increment(1);
+}
+
+/// A tool became blocked.
+pub fn tool_blocked(tool: &str) {
+    counter!(TOOLS_BLOCKED, "tool" => tool.to_owned()).increment(1);
+}
+
+/// The tool pool's queue depth.
+pub fn tool_queue_depth(depth: usize) {
+    gauge!(TOOL_QUEUE_DEPTH).set(depth as f64);
+}
+
+/// A model request ended with `status` after `elapsed`.
+pub fn model_request(model: &str, status: &'static str, elapsed: Duration) {
+    counter!(MODEL_REQUESTS_TOTAL, "model" => model.to_owned(), "status" => status).increment(1);
+    histogram!(MODEL_REQUEST_DURATION_SECONDS, "model" => model.to_owned())
+        .record(elapsed.as_secs_f64());
+}
+
+/// Tokens and cost of one model request.
+pub fn model_usage(model: &str, input_tokens: u64, output_tokens: u64, cost_usd: f64) {
+    counter!(MODEL_TOKENS_TOTAL, "model" => model.to_owned(), "direction" => "input")
+        .increment(input_tokens);
+    counter!(MODEL_TOKENS_TOTAL, "model" => model.to_owned(), "direction" => "output")
+        .increment(output_tokens);
+    counter!(COST_MICRODOLLARS_TOTAL, "model" => model.to_owned())
+        .increment((cost_usd * 1e6).round() as u64);
+}
+
+/// A review was made.
+pub fn review(
+    recommendation: &'static str,
+    degraded: bool,
+    quality: f64,
+    completeness: f64,
+    relevance: f64,
+) {
+    let status = if degraded { "degraded" } else { "ok" };
+    counter!(REVIEWS_TOTAL, "recommendation" => recommendation, "status" => status).increment(1);
+    histogram!(REVIEW_SCORE, "dimension" => "quality").record(quality);
+    histogram!(REVIEW_SCORE, "dimension" => "completeness").record(completeness);
+    histogram!(REVIEW_SCORE, "dimension" => "relevance").record(relevance);
+}
+
+/// Supervision restarted an actor of kind `actor`.
+pub fn actor_restarted(actor: &'static str) {
+    counter!(ACTOR_RESTARTS_TOTAL, "actor" => actor).increment(1);
+}
+
+/// A run failed because its session crashed too often.
+pub fn supervisor_meltdown(level: &'static str) {
+    counter!(SUPERVISOR_MELTDOWNS_TOTAL, "level" => level).increment(1);
+}

@@ -1,0 +1,477 @@
+//! Reviewer: judges every turn of every run. The session asks it from exactly one
+//! place after each turn, always. The default review is deterministic
+//! ([`rule_based`]); a model-backed review is available per agent and falls back to
+//! the rules, marked `degraded`, on any error. A reply that is never sent (the
+//! reviewer crashed mid-review) also falls back: [`ReviewReply`] sends the degraded
+//! rule-based review when dropped, so no turn ever waits forever for its review.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use serde::Deserialize;
+use serde_json::json;
+use tracing::warn;
+
+use crate::config::ReviewerKind;
+use crate::llm::{ChatRequest, Message, ModelChunk, ModelClient, ModelRegistry, Role, ToolChoice};
+use crate::protocol::{
+    Plan, Recommendation, Review, ReviewStatus, SkipReason, TaskStatus, TodoItem,
+};
+
+/// How one call of the turn ended, as the reviewer sees it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct CallSummary {
+    /// The tool.
+    pub tool: String,
+    /// `completed`, `failed`, `skipped` or `interrupted`.
+    pub status: &'static str,
+    /// For skips: why.
+    pub skip: Option<SkipReason>,
+}
+
+/// What the reviewer sees of a turn.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ReviewInput {
+    /// The turn.
+    pub turn: u32,
+    /// The user's request.
+    pub request: String,
+    /// The plan after the turn.
+    pub plan: Plan,
+    /// The turn's tool calls.
+    pub calls: Vec<CallSummary>,
+    /// The answer, when the turn gave one.
+    pub final_answer: Option<String>,
+    /// Tools blocked after this turn.
+    pub blocked_tools: Vec<String>,
+    /// Whether this is the forced synthesis turn (the run ends after it).
+    pub synthesis: bool,
+}
+
+/// Where a review goes. Dropped unsent, it sends the degraded rule-based review.
+pub struct ReviewReply {
+    input: Arc<ReviewInput>,
+    send: Option<Box<dyn FnOnce(Review) + Send + 'static>>,
+}
+
+impl ReviewReply {
+    /// A reply for `input` that calls `send` exactly once.
+    pub fn new(input: Arc<ReviewInput>, send: impl FnOnce(Review) + Send + 'static) -> Self {
+        Self {
+            input,
+            send: Some(Box::new(send)),
+        }
+    }
+
+    /// Sends `review`.
+    pub fn send(mut self, review: Review) {
+        if let Some(send) = self.send.take() {
+            send(review);
+        }
+    }
+}
+
+impl Drop for ReviewReply {
+    fn drop(&mut self) {
+        if let Some(send) = self.send.take() {
+            send(degraded(&self.input, "the reviewer failed"));
+        }
+    }
+}
+
+/// Messages the reviewer takes.
+pub enum ReviewerMsg {
+    /// Review a turn.
+    Review {
+        /// Which reviewer the agent wants.
+        kind: ReviewerKind,
+        /// The agent's model, for `ReviewerKind::Model { model: None }`.
+        agent_model: Option<String>,
+        /// The turn.
+        input: Arc<ReviewInput>,
+        /// Where the verdict goes.
+        reply: ReviewReply,
+    },
+}
+
+/// The reviewer; read-only.
+pub struct Reviewer {
+    /// Models for model-backed reviews.
+    pub models: ModelRegistry,
+    /// Time limit of a model-backed review.
+    pub timeout: Duration,
+}
+
+impl Actor for Reviewer {
+    type Msg = ReviewerMsg;
+    type State = ();
+    type Arguments = ();
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<ReviewerMsg>,
+        _: (),
+    ) -> Result<(), ActorProcessingErr> {
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<ReviewerMsg>,
+        message: ReviewerMsg,
+        _state: &mut (),
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            ReviewerMsg::Review {
+                kind: ReviewerKind::RuleBased,
+                input,
+                reply,
+                ..
+            } => {
+                let review = rule_based(&input);
+                reply.send(review);
+            }
+            ReviewerMsg::Review {
+                kind: ReviewerKind::Model { model },
+                agent_model,
+                input,
+                reply,
+            } => {
+                let name = model.or(agent_model);
+                let Some(client) = self.models.get(name.as_deref()) else {
+                    reply.send(degraded(&input, "the reviewer's model is not configured"));
+                    return Ok(());
+                };
+                let timeout = self.timeout;
+                // The model call is slow: it runs off the mailbox and answers the reply itself.
+                tokio::spawn(async move {
+                    let review = match tokio::time::timeout(
+                        timeout,
+                        model_review(client.as_ref(), &input),
+                    )
+                    .await
+                    {
+                        Ok(Ok(review)) => review,
+                        Ok(Err(why)) => {
+                            warn!(turn = input.turn, %why, "model review failed; using the rules");
+                            degraded(&input, &why)
+                        }
+                        Err(_) => degraded(&input, "the model review timed out"),
+                    };
+                    reply.send(review);
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The rule-based review, marked degraded, with `why` in its notes.
+pub fn degraded(input: &ReviewInput, why: &str) -> Review {
+    let mut review = rule_based(input);
+    review.status = ReviewStatus::Degraded;
+    review.notes = format!("{why}; rule-based review: {}", review.notes);
+    review
+}
+
+/// The deterministic review. Rules, in order:
+///
+/// - **quality** = 1 − (0.5 × failed, interrupted, invalid or denied calls + 0.25 ×
+///   duplicate or blocked calls) ÷ calls; 1 for a turn without calls.
+/// - **completeness** = completed tasks ÷ tasks; without a plan, 1 when the turn
+///   answered and 0 otherwise.
+/// - **relevance**: for an answer, 0.5 + 0.5 × the share of the request's words (4+
+///   letters) that the answer uses, 0 for an empty answer; for a tool turn, 1 if a
+///   call completed, 0.5 if none did; 1 for a turn with neither.
+/// - **gaps**: unfinished and failed tasks, blocked tools.
+/// - **recommendation**: `proceed` for the synthesis turn; `gather_more` for an empty
+///   answer or an answer while tasks are pending or in progress; `replan` for a tool
+///   turn where no call completed; `proceed` otherwise.
+pub fn rule_based(input: &ReviewInput) -> Review {
+    let total = input.calls.len();
+    let count =
+        |pred: &dyn Fn(&CallSummary) -> bool| input.calls.iter().filter(|c| pred(c)).count();
+    let completed = count(&|c| c.status == "completed");
+    let hard = count(&|c| {
+        matches!(c.status, "failed" | "interrupted")
+            || matches!(c.skip, Some(SkipReason::InvalidArgs | SkipReason::Denied))
+    });
+    let soft = count(&|c| matches!(c.skip, Some(SkipReason::Duplicate | SkipReason::Blocked)));
+    let quality = if total == 0 {
+        1.0
+    } else {
+        1.0 - (0.5 * hard as f64 + 0.25 * soft as f64) / total as f64
+    };
+
+    let plan = &input.plan;
+    let unfinished: Vec<&TodoItem> = plan
+        .items
+        .iter()
+        .filter(|i| matches!(i.status, TaskStatus::Pending | TaskStatus::InProgress))
+        .collect();
+    let completeness = if plan.items.is_empty() {
+        if input.final_answer.is_some() {
+            1.0
+        } else {
+            0.0
+        }
+    } else {
+        plan.count(TaskStatus::Completed) as f64 / plan.items.len() as f64
+    };
+    let relevance = match &input.final_answer {
+        Some(answer) if answer.trim().is_empty() => 0.0,
+        Some(answer) => 0.5 + 0.5 * word_overlap(&input.request, answer),
+        None if total == 0 => 1.0,
+        None if completed > 0 => 1.0,
+        None => 0.5,
+    };
+
+    let mut gaps: Vec<String> = unfinished
+        .iter()
+        .map(|item| format!("task {} ({}) is not finished", item.id, item.content))
+        .collect();
+    for item in plan
+        .items
+        .iter()
+        .filter(|i| matches!(i.status, TaskStatus::Failed | TaskStatus::Blocked))
+    {
+        gaps.push(format!(
+            "task {} ({}) failed{}",
+            item.id,
+            item.content,
+            item.error
+                .as_ref()
+                .map(|e| format!(": {e}"))
+                .unwrap_or_default()
+        ));
+    }
+    for tool in &input.blocked_tools {
+        gaps.push(format!("tool {tool} is blocked after repeated failures"));
+    }
+
+    let mut actions = Vec::new();
+    let answer_is_empty = input
+        .final_answer
+        .as_ref()
+        .is_some_and(|a| a.trim().is_empty());
+    let recommendation = if input.synthesis {
+        Recommendation::Proceed
+    } else if answer_is_empty {
+        actions.push("write a non-empty answer to the request".to_owned());
+        Recommendation::GatherMore
+    } else if input.final_answer.is_some() && !unfinished.is_empty() {
+        actions.push("finish the unfinished tasks, or mark them completed or failed with todo_write, before answering".to_owned());
+        Recommendation::GatherMore
+    } else if input.final_answer.is_none() && total > 0 && completed == 0 {
+        actions.push("no call of this turn succeeded: revise the plan with todo_write and try another approach".to_owned());
+        Recommendation::Replan
+    } else {
+        Recommendation::Proceed
+    };
+    for tool in &input.blocked_tools {
+        actions.push(format!("do not call {tool} for now"));
+    }
+    let needs_more_data =
+        (input.final_answer.is_some() && !unfinished.is_empty()) || (total > 0 && completed == 0);
+    let notes = format!(
+        "turn {}: {total} calls ({completed} completed); plan {}/{} done; {}",
+        input.turn,
+        plan.count(TaskStatus::Completed),
+        plan.items.len(),
+        recommendation.as_str()
+    );
+    Review {
+        status: ReviewStatus::Ok,
+        quality_score: quality.clamp(0.0, 1.0),
+        completeness,
+        relevance,
+        needs_more_data,
+        gaps,
+        suggested_actions: actions,
+        recommendation,
+        updated_plan: None,
+        notes,
+    }
+}
+
+/// The share of `request`'s distinct words of 4+ letters that appear in `answer`.
+fn word_overlap(request: &str, answer: &str) -> f64 {
+    let words = |text: &str| -> HashSet<String> {
+        text.split(|c: char| !c.is_alphanumeric())
+            .filter(|word| word.chars().count() >= 4)
+            .map(str::to_lowercase)
+            .collect()
+    };
+    let asked = words(request);
+    if asked.is_empty() {
+        return 1.0;
+    }
+    let answered = words(answer);
+    asked.intersection(&answered).count() as f64 / asked.len() as f64
+}
+
+/// The JSON a model reviewer must produce.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ModelVerdict {
+    quality_score: f64,
+    completeness: f64,
+    relevance: f64,
+    needs_more_data: bool,
+    #[serde(default)]
+    gaps: Vec<String>,
+    #[serde(default)]
+    suggested_actions: Vec<String>,
+    recommendation: Recommendation,
+    #[serde(default)]
+    updated_plan: Option<Vec<TodoItem>>,
+    #[serde(default)]
+    notes: String,
+}
+
+async fn model_review(model: &dyn ModelClient, input: &ReviewInput) -> Result<Review, String> {
+    let system = "You review one turn of an AI agent's run. Reply with one JSON object and nothing else: \
+        {\"quality_score\": 0..1, \"completeness\": 0..1, \"relevance\": 0..1, \"needs_more_data\": bool, \
+        \"gaps\": [string], \"suggested_actions\": [string], \
+        \"recommendation\": \"proceed\"|\"gather_more\"|\"clarify_query\"|\"replan\", \
+        \"updated_plan\": null or [{\"id\", \"content\", \"status\"}], \"notes\": string}";
+    let request = ChatRequest {
+        messages: vec![
+            Message::text(Role::System, system),
+            Message::text(Role::User, json!({"turn": input}).to_string()),
+        ],
+        tools: Vec::new(),
+        tool_choice: ToolChoice::None,
+        max_tokens: Some(800),
+        temperature: Some(0.0),
+    };
+    let mut stream = model
+        .chat(request)
+        .await
+        .map_err(|error| error.to_string())?;
+    let mut reply = None;
+    while let Some(chunk) = stream.next().await {
+        if let ModelChunk::Done(done) = chunk.map_err(|error| error.to_string())? {
+            reply = Some(done);
+        }
+    }
+    let content = reply
+        .ok_or("the model stream ended without a reply")?
+        .content;
+    let start = content.find('{').ok_or("the reply has no JSON object")?;
+    let end = content.rfind('}').ok_or("the reply has no JSON object")?;
+    let verdict: ModelVerdict = serde_json::from_str(&content[start..=end])
+        .map_err(|error| format!("the reply does not match the review schema: {error}"))?;
+    for (name, score) in [
+        ("quality_score", verdict.quality_score),
+        ("completeness", verdict.completeness),
+        ("relevance", verdict.relevance),
+    ] {
+        if !(0.0..=1.0).contains(&score) {
+            return Err(format!("{name} {score} is outside 0..1"));
+        }
+    }
+    Ok(Review {
+        status: ReviewStatus::Ok,
+        quality_score: verdict.quality_score,
+        completeness: verdict.completeness,
+        relevance: verdict.relevance,
+        needs_more_data: verdict.needs_more_data,
+        gaps: verdict.gaps,
+        suggested_actions: verdict.suggested_actions,
+        recommendation: verdict.recommendation,
+        updated_plan: verdict.updated_plan,
+        notes: verdict.notes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(id: &str, status: TaskStatus) -> TodoItem {
+        TodoItem {
+            id: id.into(),
+            content: format!("task {id}"),
+            status,
+            tools: vec![],
+            result: None,
+            error: None,
+        }
+    }
+
+    fn input(
+        calls: Vec<CallSummary>,
+        final_answer: Option<&str>,
+        plan: Vec<TodoItem>,
+    ) -> ReviewInput {
+        ReviewInput {
+            turn: 1,
+            request: "summarize delivery emails".into(),
+            plan: Plan {
+                version: 1,
+                items: plan,
+            },
+            calls,
+            final_answer: final_answer.map(str::to_owned),
+            blocked_tools: vec![],
+            synthesis: false,
+        }
+    }
+
+    fn call(status: &'static str) -> CallSummary {
+        CallSummary {
+            tool: "t".into(),
+            status,
+            skip: None,
+        }
+    }
+
+    #[test]
+    fn answer_with_pending_tasks_gathers_more() {
+        let review = rule_based(&input(
+            vec![],
+            Some("delivery emails: two"),
+            vec![
+                item("1", TaskStatus::Completed),
+                item("2", TaskStatus::Pending),
+            ],
+        ));
+        assert_eq!(review.recommendation, Recommendation::GatherMore);
+        assert_eq!(review.completeness, 0.5);
+        assert!(review.gaps[0].contains("task 2"));
+    }
+
+    #[test]
+    fn turn_where_every_call_failed_replans_with_low_quality() {
+        let review = rule_based(&input(vec![call("failed"), call("failed")], None, vec![]));
+        assert_eq!(review.recommendation, Recommendation::Replan);
+        assert_eq!(review.quality_score, 0.5);
+        assert!(review.needs_more_data);
+    }
+
+    #[test]
+    fn finished_plan_and_answer_proceeds() {
+        let review = rule_based(&input(
+            vec![call("completed")],
+            Some("Two delivery emails arrived"),
+            vec![item("1", TaskStatus::Completed)],
+        ));
+        assert_eq!(review.recommendation, Recommendation::Proceed);
+        assert_eq!(review.completeness, 1.0);
+        assert!(review.relevance > 0.5);
+    }
+
+    #[test]
+    fn dropped_reply_sends_a_degraded_review() {
+        let (sender, receiver) = std::sync::mpsc::channel();
+        let reply = ReviewReply::new(Arc::new(input(vec![], None, vec![])), move |review| {
+            sender.send(review).unwrap()
+        });
+        drop(reply);
+        assert_eq!(receiver.recv().unwrap().status, ReviewStatus::Degraded);
+    }
+}

@@ -1,0 +1,517 @@
+//! Runtime: the API boundary of the core. Callers (the HTTP layer, the CLI, tests)
+//! start it with its dependencies and then submit, follow, answer and cancel runs;
+//! they never hold a ref to an internal actor.
+//!
+//! Admission control happens here, before any message is sent: a bounded number of
+//! runs have a live session, and a submission beyond it is refused with
+//! [`SubmitError::Overloaded`] at once.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use ractor::{Actor, ActorRef, ActorStatus};
+use tokio::sync::Semaphore;
+use tracing::{info, warn};
+
+use crate::config::{AgentConfig, RuntimeConfig};
+use crate::events::{self, EventHub};
+use crate::hooks::{HookChain, ToolHook};
+use crate::llm::ModelRegistry;
+use crate::metrics;
+use crate::protocol::{EventKind, RunEvent, RunId, RunSpec, RunStatus};
+use crate::session::SessionMsg;
+use crate::store::{Commit, RunRecord, RunStore, StoreError, StoreWrite};
+use crate::supervisor::{Handles, Supervisor, SupervisorMsg};
+use crate::tool::ToolRegistry;
+use crate::tool_pool::PoolShared;
+
+/// What the runtime is built from.
+pub struct Deps {
+    /// Where runs live.
+    pub store: Arc<dyn RunStore>,
+    /// The models.
+    pub models: ModelRegistry,
+    /// The tools.
+    pub tools: ToolRegistry,
+    /// The application's tool hooks, run after the built-in ones.
+    pub hooks: Vec<Arc<dyn ToolHook>>,
+    /// The agents.
+    pub agents: Vec<AgentConfig>,
+}
+
+/// What every actor of the runtime shares (read-only but for the handles).
+pub struct RuntimeShared {
+    /// Where runs live.
+    pub store: Arc<dyn RunStore>,
+    /// The models.
+    pub models: ModelRegistry,
+    /// Tools, hooks and the default tool time limit.
+    pub pool: Arc<PoolShared>,
+    /// The agents by name.
+    pub agents: HashMap<String, AgentConfig>,
+    /// Current refs of the shared actors.
+    pub handles: Handles,
+    /// Live event channels.
+    pub hub: Arc<EventHub>,
+    /// Settings.
+    pub config: RuntimeConfig,
+}
+
+/// A submission.
+#[derive(Debug, Clone)]
+pub struct SubmitRequest {
+    /// What to run.
+    pub spec: RunSpec,
+    /// Who asks; the run belongs to this tenant.
+    pub tenant: String,
+    /// The run this one serves as a sub-run, if any.
+    pub parent_run_id: Option<RunId>,
+}
+
+impl SubmitRequest {
+    /// A request of the `default` tenant.
+    pub fn new(agent: impl Into<String>, input: impl Into<String>) -> Self {
+        let spec = RunSpec {
+            agent: agent.into(),
+            input: input.into(),
+            limits: None,
+        };
+        Self {
+            spec,
+            tenant: "default".to_owned(),
+            parent_run_id: None,
+        }
+    }
+}
+
+/// Why the runtime could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// The configuration is inconsistent.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The actor tree could not start.
+    #[error("the supervisor could not start: {0}")]
+    Spawn(String),
+}
+
+/// Why a submission was refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SubmitError {
+    /// No agent has that name.
+    #[error("unknown agent {0:?}")]
+    UnknownAgent(String),
+    /// The limits make no sense.
+    #[error("invalid limits: {0}")]
+    InvalidLimits(String),
+    /// Too many runs are active; try again later.
+    #[error("too many active runs (limit {limit}); try again later")]
+    Overloaded {
+        /// The limit.
+        limit: usize,
+    },
+    /// The runtime is stopping or broken.
+    #[error("the runtime is not accepting runs")]
+    Unavailable,
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Why input was refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum InputError {
+    /// No such run.
+    #[error("run not found")]
+    NotFound,
+    /// The run is not waiting for input.
+    #[error("the run is not waiting for input")]
+    NotWaiting,
+    /// The runtime is stopping or broken.
+    #[error("the runtime is not accepting input")]
+    Unavailable,
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Why a cancel was refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CancelError {
+    /// No such run.
+    #[error("run not found")]
+    NotFound,
+    /// The run had already ended.
+    #[error("the run has already ended ({})", .0.as_str())]
+    AlreadyEnded(RunStatus),
+    /// The runtime is stopping or broken.
+    #[error("the runtime is not accepting cancels")]
+    Unavailable,
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The running core.
+pub struct Runtime {
+    shared: Arc<RuntimeShared>,
+    supervisor: ActorRef<SupervisorMsg>,
+    admission: Arc<Semaphore>,
+}
+
+impl Runtime {
+    /// Starts the actor tree and resumes every unfinished run in the store.
+    pub async fn start(config: RuntimeConfig, deps: Deps) -> Result<Self, RuntimeError> {
+        let agents = check_agents(&deps)?;
+        let pool = PoolShared {
+            registry: deps.tools,
+            chain: HookChain::new(config.hooks.clone(), deps.hooks),
+            default_timeout: config.tool_pool.default_timeout,
+        };
+        let shared = Arc::new(RuntimeShared {
+            store: deps.store,
+            models: deps.models,
+            pool: Arc::new(pool),
+            agents,
+            handles: Handles::default(),
+            hub: Arc::new(EventHub::new(config.event_buffer)),
+            config: config.clone(),
+        });
+        let supervisor = Supervisor {
+            shared: shared.clone(),
+        };
+        let (supervisor, _) = Actor::spawn(None, supervisor, ())
+            .await
+            .map_err(|error| RuntimeError::Spawn(error.to_string()))?;
+        let admission = Arc::new(Semaphore::new(config.max_active_runs.max(1)));
+        let runtime = Self {
+            shared,
+            supervisor,
+            admission,
+        };
+        runtime.recover().await?;
+        Ok(runtime)
+    }
+
+    /// Resumes runs left unfinished by the last process. They were admitted before,
+    /// so they take a slot when one is free and run without one otherwise.
+    async fn recover(&self) -> Result<(), RuntimeError> {
+        let unfinished = self.shared.store.unfinished_runs().await?;
+        if !unfinished.is_empty() {
+            info!(runs = unfinished.len(), "resuming unfinished runs");
+        }
+        for run_id in unfinished {
+            let permit = self.admission.clone().try_acquire_owned().ok();
+            match self.start_session(run_id, permit).await {
+                Ok(()) => metrics::run_recovered(),
+                Err(error) => warn!(run_id = %run_id, %error, "could not resume run"),
+            }
+        }
+        Ok(())
+    }
+
+    async fn start_session(
+        &self,
+        run_id: RunId,
+        permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    ) -> Result<(), SubmitError> {
+        let reply = ractor::call!(self.supervisor, |reply| SupervisorMsg::Start {
+            run_id,
+            permit,
+            reply
+        });
+        match reply {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(error)) => {
+                warn!(run_id = %run_id, %error, "session did not start");
+                Err(SubmitError::Unavailable)
+            }
+            Err(_) => Err(SubmitError::Unavailable),
+        }
+    }
+
+    /// Accepts a run: admission, the run and its `run_started` event committed,
+    /// then its session started. Returns once the run is durable.
+    pub async fn submit(&self, request: SubmitRequest) -> Result<RunId, SubmitError> {
+        let SubmitRequest {
+            spec,
+            tenant,
+            parent_run_id,
+        } = request;
+        let Some(agent) = self.shared.agents.get(&spec.agent) else {
+            metrics::admission_rejected("unknown_agent");
+            return Err(SubmitError::UnknownAgent(spec.agent));
+        };
+        let limits = spec.limits.clone().unwrap_or_else(|| agent.limits.clone());
+        if limits.max_turns == 0 || limits.max_parallel_tools == 0 {
+            return Err(SubmitError::InvalidLimits(
+                "max_turns and max_parallel_tools must be at least 1".to_owned(),
+            ));
+        }
+        if !self.accepting() {
+            return Err(SubmitError::Unavailable);
+        }
+        let Ok(permit) = self.admission.clone().try_acquire_owned() else {
+            metrics::admission_rejected("overloaded");
+            return Err(SubmitError::Overloaded {
+                limit: self.shared.config.max_active_runs,
+            });
+        };
+        let run_id = RunId::new();
+        let now = Utc::now();
+        let record = RunRecord {
+            run_id,
+            tenant,
+            parent_run_id,
+            agent: spec.agent.clone(),
+            input: spec.input.clone(),
+            limits,
+            status: RunStatus::Running,
+            reason: None,
+            turn: 0,
+            usage: Default::default(),
+            final_output: None,
+            created_at: now,
+            updated_at: now,
+        };
+        let started = RunEvent {
+            run_id,
+            seq: 1,
+            ts: now,
+            parent_run_id,
+            kind: EventKind::RunStarted {
+                agent: spec.agent.clone(),
+                input: spec.input,
+            },
+        };
+        self.shared.store.create_run(record, vec![started]).await?;
+        metrics::run_started(&spec.agent);
+        if let Err(error) = self.start_session(run_id, Some(permit)).await {
+            // The run is durable; record that it could not start rather than lose it.
+            let _ = end_run(
+                &self.shared,
+                run_id,
+                RunStatus::Failed,
+                "the runtime could not start the run".to_owned(),
+            )
+            .await;
+            return Err(error);
+        }
+        Ok(run_id)
+    }
+
+    /// Every event of the run after seq `after`, then live events until `run_end`.
+    pub fn subscribe(
+        &self,
+        run_id: RunId,
+        after: u64,
+    ) -> BoxStream<'static, Result<RunEvent, StoreError>> {
+        events::subscribe(
+            self.shared.hub.clone(),
+            self.shared.store.clone(),
+            run_id,
+            after,
+        )
+    }
+
+    /// Waits until the run ends and returns its final record.
+    pub async fn wait(&self, run_id: RunId) -> Result<RunRecord, StoreError> {
+        let mut events = self.subscribe(run_id, 0);
+        while let Some(event) = events.next().await {
+            event?;
+        }
+        self.shared
+            .store
+            .get_run(run_id)
+            .await?
+            .ok_or(StoreError::NotFound(run_id))
+    }
+
+    /// The run's record.
+    pub async fn get(&self, run_id: RunId) -> Result<Option<RunRecord>, StoreError> {
+        self.shared.store.get_run(run_id).await
+    }
+
+    /// Answers a run parked on `ask_user`.
+    pub async fn input(&self, run_id: RunId, text: String) -> Result<(), InputError> {
+        let Some(session) = self
+            .session(run_id)
+            .await
+            .map_err(|_| InputError::Unavailable)?
+        else {
+            return match self.shared.store.get_run(run_id).await? {
+                None => Err(InputError::NotFound),
+                Some(_) => Err(InputError::NotWaiting),
+            };
+        };
+        ractor::call!(session, |reply| SessionMsg::Input { text, reply })
+            .map_err(|_| InputError::Unavailable)?
+    }
+
+    /// Cancels a run; returns once `run_end` is committed.
+    pub async fn cancel(&self, run_id: RunId) -> Result<(), CancelError> {
+        let Some(run) = self.shared.store.get_run(run_id).await? else {
+            return Err(CancelError::NotFound);
+        };
+        if run.status.is_terminal() {
+            return Err(CancelError::AlreadyEnded(run.status));
+        }
+        match self
+            .session(run_id)
+            .await
+            .map_err(|_| CancelError::Unavailable)?
+        {
+            Some(session) => ractor::call!(session, |reply| SessionMsg::Cancel { reply })
+                .map_err(|_| CancelError::Unavailable),
+            None => Ok(end_run(
+                &self.shared,
+                run_id,
+                RunStatus::Cancelled,
+                "cancelled by the client".to_owned(),
+            )
+            .await?),
+        }
+    }
+
+    async fn session(
+        &self,
+        run_id: RunId,
+    ) -> Result<Option<ActorRef<SessionMsg>>, ractor::RactorErr<SupervisorMsg>> {
+        ractor::call!(self.supervisor, |reply| SupervisorMsg::Session {
+            run_id,
+            reply
+        })
+    }
+
+    /// Runs with a live session.
+    pub async fn active_runs(&self) -> usize {
+        ractor::call!(self.supervisor, |reply| SupervisorMsg::ActiveRuns { reply }).unwrap_or(0)
+    }
+
+    /// Whether the actor tree is up and taking runs.
+    pub fn accepting(&self) -> bool {
+        self.supervisor.get_status() == ActorStatus::Running
+    }
+
+    /// The configured agents.
+    pub fn agents(&self) -> Vec<AgentConfig> {
+        let mut agents: Vec<AgentConfig> = self.shared.agents.values().cloned().collect();
+        agents.sort_by(|a, b| a.name.cmp(&b.name));
+        agents
+    }
+
+    /// The store.
+    pub fn store(&self) -> Arc<dyn RunStore> {
+        self.shared.store.clone()
+    }
+
+    /// Stops every actor within `deadline`. Runs keep their last commit and resume
+    /// on the next start.
+    pub async fn shutdown(self, deadline: Duration) {
+        if self
+            .supervisor
+            .stop_and_wait(Some("shutdown".to_owned()), Some(deadline))
+            .await
+            .is_err()
+        {
+            warn!("actors did not stop in time; killing them");
+            self.supervisor.kill();
+        }
+    }
+}
+
+/// Agents by name, after checking their tools exist.
+fn check_agents(deps: &Deps) -> Result<HashMap<String, AgentConfig>, RuntimeError> {
+    let mut agents = HashMap::new();
+    for agent in &deps.agents {
+        for tool in &agent.tools {
+            if deps.tools.get(tool).is_none() {
+                return Err(RuntimeError::Config(format!(
+                    "agent {} names unknown tool {tool}",
+                    agent.name
+                )));
+            }
+        }
+        if deps.models.get(agent.model.as_deref()).is_none() {
+            return Err(RuntimeError::Config(format!(
+                "agent {} names an unknown model",
+                agent.name
+            )));
+        }
+        if agents.insert(agent.name.clone(), agent.clone()).is_some() {
+            return Err(RuntimeError::Config(format!(
+                "agent {} is defined twice",
+                agent.name
+            )));
+        }
+    }
+    Ok(agents)
+}
+
+/// Ends a run that has no live session: `run_end` and the status, committed
+/// together. Used for meltdowns and for cancels of runs without a session.
+pub async fn end_run(
+    shared: &RuntimeShared,
+    run_id: RunId,
+    status: RunStatus,
+    reason: String,
+) -> Result<(), StoreError> {
+    let Some(run) = shared.store.get_run(run_id).await? else {
+        return Err(StoreError::NotFound(run_id));
+    };
+    if run.status.is_terminal() {
+        return Ok(());
+    }
+    let last = shared
+        .store
+        .load(run_id)
+        .await?
+        .map_or(0, |snapshot| snapshot.last_seq);
+    let mut events = Vec::new();
+    if status == RunStatus::Failed {
+        events.push(RunEvent {
+            run_id,
+            seq: last + 1,
+            ts: Utc::now(),
+            parent_run_id: run.parent_run_id,
+            kind: EventKind::Error {
+                code: "run_failed".to_owned(),
+                message: reason.clone(),
+            },
+        });
+    }
+    let kind = EventKind::RunEnd {
+        status,
+        reason: Some(reason.clone()),
+    };
+    events.push(RunEvent {
+        run_id,
+        seq: last + 1 + events.len() as u64,
+        ts: Utc::now(),
+        parent_run_id: run.parent_run_id,
+        kind,
+    });
+    let writes = vec![StoreWrite::Status {
+        status,
+        reason: Some(reason),
+    }];
+    shared
+        .store
+        .commit(Commit {
+            run_id,
+            writes,
+            events: events.clone(),
+        })
+        .await?;
+    shared.hub.publish(run_id, &events);
+    shared.hub.close(run_id);
+    metrics::run_finished(&run.agent, status.as_str());
+    Ok(())
+}

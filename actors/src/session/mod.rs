@@ -1,0 +1,1159 @@
+//! Session: one per run, the turn loop. Each turn builds the prompt, calls the
+//! model, runs the requested tool calls through the pool, and asks the reviewer,
+//! always, from [`Session::request_review`] — the one place that does. The session
+//! never waits on a model or a tool in its handler: the model call runs in an
+//! offloaded task and tool calls run in the pool; both report back as messages.
+//!
+//! Its state is a cache of the store. Commit points: the model's reply (with the
+//! `started` state of the calls it asks for) commits before any call runs; each
+//! tool result commits as it arrives; the review and `turn_end` commit with the
+//! next turn's start. A session restarted after a crash rebuilds itself from the
+//! store (see `resume.rs`). Events are published only after their commit.
+
+mod prompt;
+mod resume;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use chrono::Utc;
+use futures::StreamExt;
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, Span, info, info_span, warn};
+
+use crate::config::AgentConfig;
+use crate::hooks::RunLedger;
+use crate::llm::{Message, ModelChunk, ModelClient, ModelDelta, ModelError, ModelReply, Role};
+use crate::metrics;
+use crate::planner::{Planner, PlannerMsg, TODO_WRITE};
+use crate::protocol::{
+    CallStatus, EventKind, Limits, Plan, Recommendation, Review, RunEvent, RunId, RunStatus,
+    SkipReason, ToolCall, ToolExecutionRecord, ToolOutcome, Usage,
+};
+use crate::reviewer::{CallSummary, ReviewInput, ReviewReply, ReviewerMsg};
+use crate::runtime::{InputError, RuntimeShared};
+use crate::store::{Commit, RunRecord, StoreError, StoreWrite, StoredMessage};
+use crate::tool_pool::{ToolJob, ToolPoolMsg, ToolResult, WorkItem};
+
+pub use prompt::{ASK_USER, ask_user_definition, resolve_citations};
+
+/// Messages a session takes.
+pub enum SessionMsg {
+    /// Load the run from the store and carry on from its last commit (sent to itself).
+    Load,
+    /// Streamed pieces of the model's reply.
+    ModelDelta {
+        /// The turn they belong to.
+        turn: u32,
+        /// The piece.
+        delta: ModelDelta,
+    },
+    /// The model call ended.
+    ModelDone {
+        /// The turn.
+        turn: u32,
+        /// The reply or the error.
+        result: Result<ModelReply, ModelError>,
+        /// Wall time of the call.
+        elapsed: std::time::Duration,
+    },
+    /// A tool call ended.
+    ToolDone(Box<ToolResult>),
+    /// The reviewer's verdict on a turn.
+    Reviewed {
+        /// The turn.
+        turn: u32,
+        /// The verdict.
+        review: Review,
+    },
+    /// The user's answer to an `ask_user` question.
+    Input {
+        /// The answer.
+        text: String,
+        /// Accepted, or why not.
+        reply: RpcReplyPort<Result<(), InputError>>,
+    },
+    /// Stop the run now.
+    Cancel {
+        /// Called once the cancel is committed.
+        reply: RpcReplyPort<()>,
+    },
+}
+
+/// A session; read-only.
+pub struct Session {
+    /// What every session shares.
+    pub shared: Arc<RuntimeShared>,
+}
+
+/// Arguments of a session.
+pub struct SessionArgs {
+    /// The run to drive.
+    pub run_id: RunId,
+}
+
+/// A session's state. `live` is `None` until the run is loaded from the store.
+pub struct SessionState {
+    run_id: RunId,
+    span: Span,
+    live: Option<Live>,
+}
+
+/// The loaded run.
+struct Live {
+    run: RunRecord,
+    agent: AgentConfig,
+    model: Arc<dyn ModelClient>,
+    planner: ActorRef<PlannerMsg>,
+    /// The last committed plan; the planner is rebuilt from it if it crashes.
+    plan: Plan,
+    /// The conversation after the system prompt: the request first.
+    conversation: Vec<Message>,
+    ledger: Arc<RunLedger>,
+    outbox: Outbox,
+    phase: Phase,
+    cancel: CancellationToken,
+    model_task: Option<tokio::task::AbortHandle>,
+    /// Final answers sent back by `gather_more` reviews so far.
+    reflections: u32,
+    turn_clock: Instant,
+}
+
+/// Where the turn loop stands.
+enum Phase {
+    Idle,
+    Model {
+        turn: u32,
+        synthesis: bool,
+    },
+    Tools(ToolTurn),
+    WaitingInput(ToolTurn),
+    Review {
+        turn: u32,
+        final_answer: Option<String>,
+        synthesis: bool,
+    },
+    Finished,
+}
+
+/// The tool calls of one turn.
+struct ToolTurn {
+    turn: u32,
+    calls: Vec<ToolCall>,
+    results: Vec<Option<CallSummary>>,
+    /// The next call to dispatch.
+    next: usize,
+    in_flight: usize,
+    /// The turn's `ask_user` call, answered by `Input`.
+    ask: Option<usize>,
+}
+
+impl ToolTurn {
+    fn new(turn: u32, calls: Vec<ToolCall>) -> Self {
+        let results = vec![None; calls.len()];
+        Self {
+            turn,
+            calls,
+            results,
+            next: 0,
+            in_flight: 0,
+            ask: None,
+        }
+    }
+}
+
+/// Events and writes waiting for the next commit.
+struct Outbox {
+    run_id: RunId,
+    parent_run_id: Option<RunId>,
+    next_seq: u64,
+    events: Vec<RunEvent>,
+    writes: Vec<StoreWrite>,
+}
+
+impl Outbox {
+    fn emit(&mut self, kind: EventKind) {
+        let event = RunEvent {
+            run_id: self.run_id,
+            seq: self.next_seq,
+            ts: Utc::now(),
+            parent_run_id: self.parent_run_id,
+            kind,
+        };
+        self.next_seq += 1;
+        self.events.push(event);
+    }
+
+    fn write(&mut self, write: StoreWrite) {
+        self.writes.push(write);
+    }
+}
+
+impl Actor for Session {
+    type Msg = SessionMsg;
+    type State = SessionState;
+    type Arguments = SessionArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<SessionMsg>,
+        args: SessionArgs,
+    ) -> Result<SessionState, ActorProcessingErr> {
+        // Loading is I/O: it happens in the first handler, so spawning a session
+        // never makes the supervisor wait on the store.
+        myself.cast(SessionMsg::Load)?;
+        let span = info_span!("run", run_id = %args.run_id);
+        Ok(SessionState {
+            run_id: args.run_id,
+            span,
+            live: None,
+        })
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<SessionMsg>,
+        state: &mut SessionState,
+    ) -> Result<(), ActorProcessingErr> {
+        if let Some(live) = &mut state.live {
+            if let Some(task) = live.model_task.take() {
+                task.abort();
+            }
+            live.planner.stop(None);
+        }
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<SessionMsg>,
+        message: SessionMsg,
+        state: &mut SessionState,
+    ) -> Result<(), ActorProcessingErr> {
+        let span = state.span.clone();
+        self.dispatch(myself, message, state).instrument(span).await
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<SessionMsg>,
+        event: SupervisionEvent,
+        state: &mut SessionState,
+    ) -> Result<(), ActorProcessingErr> {
+        if let (SupervisionEvent::ActorFailed(cell, reason), Some(live)) =
+            (event, state.live.as_mut())
+            && cell.get_id() == live.planner.get_id()
+        {
+            warn!(run_id = %state.run_id, %reason, "planner crashed; restarting it from the last plan");
+            self.restart_planner(&myself, live).await?;
+        }
+        Ok(())
+    }
+}
+
+impl Session {
+    async fn dispatch(
+        &self,
+        myself: ActorRef<SessionMsg>,
+        message: SessionMsg,
+        state: &mut SessionState,
+    ) -> Result<(), ActorProcessingErr> {
+        if let SessionMsg::Load = message {
+            return self.load(&myself, state).await;
+        }
+        let Some(live) = state.live.as_mut() else {
+            // Only `Load` can come first: it was cast in `pre_start`.
+            return Ok(());
+        };
+        if matches!(live.phase, Phase::Finished) {
+            match message {
+                SessionMsg::Cancel { reply } => drop(reply.send(())),
+                SessionMsg::Input { reply, .. } => drop(reply.send(Err(InputError::NotWaiting))),
+                _ => {}
+            }
+            return Ok(());
+        }
+        match message {
+            SessionMsg::Load => Ok(()),
+            SessionMsg::ModelDelta { turn, delta } => self.on_delta(live, turn, delta).await,
+            SessionMsg::ModelDone {
+                turn,
+                result,
+                elapsed,
+            } => {
+                self.on_model_done(&myself, live, turn, result, elapsed)
+                    .await
+            }
+            SessionMsg::ToolDone(result) => self.on_tool_done(&myself, live, *result).await,
+            SessionMsg::Reviewed { turn, review } => {
+                self.on_reviewed(&myself, live, turn, review).await
+            }
+            SessionMsg::Input { text, reply } => self.on_input(&myself, live, text, reply).await,
+            SessionMsg::Cancel { reply } => {
+                self.finish(
+                    &myself,
+                    live,
+                    RunStatus::Cancelled,
+                    Some("cancelled by the client".to_owned()),
+                    None,
+                )
+                .await?;
+                let _ = reply.send(());
+                Ok(())
+            }
+        }
+    }
+
+    /// Commits the outbox, then publishes its events.
+    async fn flush(&self, live: &mut Live) -> Result<(), StoreError> {
+        if live.outbox.events.is_empty() && live.outbox.writes.is_empty() {
+            return Ok(());
+        }
+        let run_id = live.outbox.run_id;
+        let events = std::mem::take(&mut live.outbox.events);
+        let writes = std::mem::take(&mut live.outbox.writes);
+        let hub = &self.shared.hub;
+        let published = hub.has_subscribers(run_id).then(|| events.clone());
+        self.shared
+            .store
+            .commit(Commit {
+                run_id,
+                writes,
+                events,
+            })
+            .await?;
+        if let Some(events) = published {
+            hub.publish(run_id, &events);
+        }
+        Ok(())
+    }
+
+    /// Starts turn `turn`: budget check, `turn_start`, commit, model call.
+    async fn start_turn(
+        &self,
+        myself: &ActorRef<SessionMsg>,
+        live: &mut Live,
+        turn: u32,
+    ) -> Result<(), ActorProcessingErr> {
+        if let Some(reason) = over_budget(&live.run.limits, &live.run.usage) {
+            live.outbox.emit(EventKind::Error {
+                code: "budget_exceeded".to_owned(),
+                message: reason.clone(),
+            });
+            return self
+                .finish(
+                    myself,
+                    live,
+                    RunStatus::Failed,
+                    Some(format!("budget_exceeded: {reason}")),
+                    None,
+                )
+                .await;
+        }
+        live.run.turn = turn;
+        live.turn_clock = Instant::now();
+        live.outbox.emit(EventKind::TurnStart { turn });
+        live.outbox.write(StoreWrite::Progress {
+            turn,
+            usage: live.run.usage,
+        });
+        self.flush(live).await?;
+        self.call_model(myself, live, turn);
+        Ok(())
+    }
+
+    /// Offloads the model call of `turn`; its deltas and reply come back as messages.
+    fn call_model(&self, myself: &ActorRef<SessionMsg>, live: &mut Live, turn: u32) {
+        let synthesis = turn > live.run.limits.max_turns;
+        let blocked = live.ledger.blocked_tools(turn);
+        let tools = prompt::offered_tools(&live.agent, &self.shared.pool.registry, &blocked);
+        let system = prompt::system_prompt(&live.agent, &live.plan, &tools, &blocked);
+        let request = prompt::build_request(
+            system,
+            &live.conversation,
+            tools,
+            synthesis,
+            live.run.limits.max_turns,
+        );
+        let model = live.model.clone();
+        let session = myself.clone();
+        let task = tokio::spawn(async move {
+            let started = Instant::now();
+            let result = stream_reply(model.as_ref(), request, &session, turn).await;
+            let _ = session.cast(SessionMsg::ModelDone {
+                turn,
+                result,
+                elapsed: started.elapsed(),
+            });
+        });
+        live.model_task = Some(task.abort_handle());
+        live.phase = Phase::Model { turn, synthesis };
+    }
+
+    async fn on_delta(
+        &self,
+        live: &mut Live,
+        turn: u32,
+        delta: ModelDelta,
+    ) -> Result<(), ActorProcessingErr> {
+        if !matches!(live.phase, Phase::Model { turn: current, .. } if current == turn) {
+            return Ok(());
+        }
+        let (text, reasoning) = match delta {
+            ModelDelta::Text(text) => (text, false),
+            ModelDelta::Reasoning(text) => (text, true),
+        };
+        live.outbox.emit(EventKind::AssistantDelta {
+            turn,
+            text,
+            reasoning,
+        });
+        self.flush(live).await?;
+        Ok(())
+    }
+
+    async fn on_model_done(
+        &self,
+        myself: &ActorRef<SessionMsg>,
+        live: &mut Live,
+        turn: u32,
+        result: Result<ModelReply, ModelError>,
+        elapsed: std::time::Duration,
+    ) -> Result<(), ActorProcessingErr> {
+        let Phase::Model {
+            turn: current,
+            synthesis,
+        } = live.phase
+        else {
+            return Ok(());
+        };
+        if current != turn {
+            return Ok(());
+        }
+        live.model_task = None;
+        let model_name = live.model.name().to_owned();
+        let reply = match result {
+            Ok(reply) => reply,
+            Err(error) => {
+                metrics::model_request(&model_name, "error", elapsed);
+                live.outbox.emit(EventKind::Error {
+                    code: error.code().to_owned(),
+                    message: error.to_string(),
+                });
+                return self
+                    .finish(
+                        myself,
+                        live,
+                        RunStatus::Failed,
+                        Some(format!("model error: {error}")),
+                        None,
+                    )
+                    .await;
+            }
+        };
+        metrics::model_request(&model_name, "ok", elapsed);
+        let usage = reply.usage;
+        metrics::model_usage(
+            &model_name,
+            usage.input_tokens,
+            usage.output_tokens,
+            usage.cost_usd,
+        );
+        live.run.usage.add(&usage);
+        live.outbox.emit(EventKind::TokenUsage {
+            turn,
+            usage,
+            total: live.run.usage,
+        });
+        live.outbox.write(StoreWrite::Progress {
+            turn,
+            usage: live.run.usage,
+        });
+        for detail in &reply.decode_errors {
+            live.outbox.emit(EventKind::DecodeError {
+                turn,
+                detail: detail.clone(),
+            });
+        }
+        // The synthesis turn answers; any tool calls it makes anyway are ignored.
+        let calls = if synthesis {
+            Vec::new()
+        } else {
+            reply.tool_calls
+        };
+        let message = Message {
+            role: Role::Assistant,
+            content: reply.content,
+            tool_calls: calls.clone(),
+            tool_call_id: None,
+        };
+        self.append_message(live, turn, message.clone());
+        if calls.is_empty() {
+            self.flush(live).await?;
+            return self
+                .request_review(myself, live, turn, Some(message.content), synthesis)
+                .await;
+        }
+        live.outbox.emit(EventKind::ToolRequests {
+            turn,
+            calls: calls.clone(),
+        });
+        live.phase = Phase::Tools(ToolTurn::new(turn, calls));
+        self.advance_tools(myself, live).await
+    }
+
+    fn append_message(&self, live: &mut Live, turn: u32, message: Message) {
+        live.outbox.write(StoreWrite::Message(StoredMessage {
+            turn,
+            message: message.clone(),
+        }));
+        live.conversation.push(message);
+    }
+
+    /// Dispatches calls while parallel slots are free: built-ins inline, the rest to
+    /// the pool. The `started` records commit before any call is sent.
+    async fn advance_tools(
+        &self,
+        myself: &ActorRef<SessionMsg>,
+        live: &mut Live,
+    ) -> Result<(), ActorProcessingErr> {
+        let max_parallel = live.run.limits.max_parallel_tools.max(1);
+        let mut jobs = Vec::new();
+        loop {
+            let Some(tools) = tools_mut(live) else {
+                return Ok(());
+            };
+            if tools.next >= tools.calls.len() || tools.in_flight >= max_parallel {
+                break;
+            }
+            let index = tools.next;
+            tools.next += 1;
+            if tools.results[index].is_some() {
+                // Answered before a crash; resumed turns skip it.
+                continue;
+            }
+            let (turn, ask, call) = (tools.turn, tools.ask, tools.calls[index].clone());
+            match call.name.as_str() {
+                TODO_WRITE => {
+                    let result = self.todo_write(myself, live, turn, index, call).await?;
+                    self.record_result(live, result);
+                }
+                ASK_USER => {
+                    let outcome = match (prompt::ask_user_question(&call.args), ask) {
+                        (Some(question), None) => {
+                            if let Some(tools) = tools_mut(live) {
+                                tools.ask = Some(index);
+                            }
+                            live.outbox.emit(EventKind::ReasoningStep {
+                                turn,
+                                summary: format!("Asking the user: {question}"),
+                            });
+                            continue;
+                        }
+                        (None, _) => ToolOutcome::skipped(
+                            SkipReason::InvalidArgs,
+                            "ask_user needs a non-empty \"question\" string",
+                        ),
+                        (Some(_), Some(_)) => ToolOutcome::skipped(
+                            SkipReason::Denied,
+                            "only one ask_user call per turn",
+                        ),
+                    };
+                    let result =
+                        self.builtin_result(live, turn, index, call, outcome, Utc::now(), 0);
+                    self.record_result(live, result);
+                }
+                _ => {
+                    tools.in_flight += 1;
+                    let work = WorkItem {
+                        run_id: live.run.run_id,
+                        turn,
+                        index,
+                        call,
+                        ledger: live.ledger.clone(),
+                        cancel: live.cancel.child_token(),
+                    };
+                    self.mark_started(live, &work);
+                    jobs.push(work);
+                }
+            }
+        }
+        self.flush(live).await?;
+        let pool = self.shared.handles.tool_pool();
+        for work in jobs {
+            let session = myself.clone();
+            let reply = Box::new(move |result: ToolResult| {
+                let _ = session.cast(SessionMsg::ToolDone(Box::new(result)));
+            });
+            let job = ToolPoolMsg::Execute(ToolJob {
+                work: work.clone(),
+                reply,
+            });
+            let sent = pool.as_ref().is_some_and(|pool| pool.cast(job).is_ok());
+            if !sent {
+                warn!(run_id = %work.run_id, "tool pool unreachable");
+                let outcome = ToolOutcome::failed(
+                    "tool_pool_unavailable",
+                    "the tool executor is restarting; try again",
+                );
+                let result = crate::tool_pool::finish(
+                    &self.shared.pool,
+                    &work,
+                    outcome,
+                    Utc::now(),
+                    Default::default(),
+                    0.0,
+                );
+                myself.cast(SessionMsg::ToolDone(Box::new(result)))?;
+            }
+        }
+        self.maybe_end_tools(myself, live).await
+    }
+
+    /// Records a call as `started` with its start events.
+    fn mark_started(&self, live: &mut Live, work: &WorkItem) {
+        let call = &work.call;
+        let summary = match self.shared.pool.registry.get(&call.name) {
+            Some(registered) => registered.tool.describe_start(&call.args),
+            None => format!("Calling {}", call.name),
+        };
+        live.outbox.emit(EventKind::ToolCallStart {
+            turn: work.turn,
+            call_id: call.call_id.clone(),
+            tool: call.name.clone(),
+            args: call.args.clone(),
+        });
+        live.outbox.emit(EventKind::ReasoningStep {
+            turn: work.turn,
+            summary,
+        });
+        live.outbox
+            .write(StoreWrite::ToolExecution(started_record(work)));
+    }
+
+    /// After the last call of a turn: park for `ask_user`, or ask for the review.
+    async fn maybe_end_tools(
+        &self,
+        myself: &ActorRef<SessionMsg>,
+        live: &mut Live,
+    ) -> Result<(), ActorProcessingErr> {
+        let Phase::Tools(tools) = &live.phase else {
+            return Ok(());
+        };
+        if tools.next < tools.calls.len() || tools.in_flight > 0 {
+            return Ok(());
+        }
+        if let Some(ask) = tools.ask.filter(|ask| tools.results[*ask].is_none()) {
+            let prompt = prompt::ask_user_question(&tools.calls[ask].args).unwrap_or_default();
+            live.outbox.emit(EventKind::WaitingInput { prompt });
+            live.outbox.write(StoreWrite::Status {
+                status: RunStatus::WaitingInput,
+                reason: None,
+            });
+            live.run.status = RunStatus::WaitingInput;
+            if let Phase::Tools(tools) = std::mem::replace(&mut live.phase, Phase::Idle) {
+                live.phase = Phase::WaitingInput(tools);
+            }
+            self.flush(live).await?;
+            return Ok(());
+        }
+        let turn = tools.turn;
+        self.request_review(myself, live, turn, None, false).await
+    }
+
+    async fn on_tool_done(
+        &self,
+        myself: &ActorRef<SessionMsg>,
+        live: &mut Live,
+        result: ToolResult,
+    ) -> Result<(), ActorProcessingErr> {
+        let Phase::Tools(tools) = &mut live.phase else {
+            return Ok(());
+        };
+        if tools.turn != result.turn || tools.results.get(result.index).is_none_or(Option::is_some)
+        {
+            return Ok(());
+        }
+        tools.in_flight = tools.in_flight.saturating_sub(1);
+        self.record_result(live, result);
+        self.advance_tools(myself, live).await
+    }
+
+    /// Books a finished call: its events, record, message and documents.
+    fn record_result(&self, live: &mut Live, result: ToolResult) {
+        let ToolResult {
+            turn,
+            index,
+            call,
+            outcome,
+            record,
+            newly_blocked,
+            new_documents,
+            summary,
+        } = result;
+        match &outcome {
+            ToolOutcome::Skipped { reason, detail } => live.outbox.emit(EventKind::ToolSkipped {
+                turn,
+                call_id: call.call_id.clone(),
+                tool: call.name.clone(),
+                reason: *reason,
+                detail: detail.clone(),
+            }),
+            _ => live.outbox.emit(EventKind::ToolCallEnd {
+                turn,
+                call_id: call.call_id.clone(),
+                tool: call.name.clone(),
+                status: record.status,
+                duration_ms: record.duration_ms,
+                summary: record.result_summary.clone(),
+            }),
+        }
+        live.outbox.emit(EventKind::ReasoningStep { turn, summary });
+        if newly_blocked {
+            let threshold = self.shared.config.hooks.failure_threshold;
+            live.outbox.emit(EventKind::ReasoningStep {
+                turn,
+                summary: format!("{} is blocked after {threshold} failures", call.name),
+            });
+        }
+        live.outbox.emit(EventKind::ToolMetric {
+            record: record.clone(),
+        });
+        live.outbox.write(StoreWrite::ToolExecution(record.clone()));
+        if !new_documents.is_empty() {
+            live.outbox.write(StoreWrite::Documents(new_documents));
+        }
+        self.append_message(
+            live,
+            turn,
+            Message::tool_result(call.call_id.clone(), outcome.to_model_text()),
+        );
+        let skip = match &outcome {
+            ToolOutcome::Skipped { reason, .. } => Some(*reason),
+            _ => None,
+        };
+        if let Phase::Tools(tools) | Phase::WaitingInput(tools) = &mut live.phase
+            && let Some(slot) = tools.results.get_mut(index)
+        {
+            *slot = Some(CallSummary {
+                tool: call.name,
+                status: record.status.as_str(),
+                skip,
+            });
+        }
+    }
+
+    /// Answers `todo_write` through the planner.
+    async fn todo_write(
+        &self,
+        myself: &ActorRef<SessionMsg>,
+        live: &mut Live,
+        turn: u32,
+        index: usize,
+        call: ToolCall,
+    ) -> Result<ToolResult, ActorProcessingErr> {
+        let started_at = Utc::now();
+        let clock = Instant::now();
+        let args = call.args.clone();
+        let reply = ractor::call!(live.planner, |reply| PlannerMsg::Write { args, reply });
+        let outcome = match reply {
+            Ok(Ok(plan)) => {
+                live.plan = plan.clone();
+                live.outbox.write(StoreWrite::Plan(plan.clone()));
+                live.outbox
+                    .emit(EventKind::PlanUpdated { plan: plan.clone() });
+                ToolOutcome::Ok {
+                    value: Value::String(crate::planner::render(&plan)),
+                    fragments: Vec::new(),
+                }
+            }
+            Ok(Err(error)) => ToolOutcome::failed("invalid_plan", error.to_string()),
+            Err(error) => {
+                warn!(run_id = %live.run.run_id, %error, "planner unreachable; restarting it");
+                self.restart_planner(myself, live).await?;
+                ToolOutcome::failed(
+                    "planner_unavailable",
+                    "the planner restarted; write the list again",
+                )
+            }
+        };
+        let elapsed = clock.elapsed().as_millis() as u64;
+        Ok(self.builtin_result(live, turn, index, call, outcome, started_at, elapsed))
+    }
+
+    /// The result of a call the session answered itself.
+    #[allow(clippy::too_many_arguments)]
+    fn builtin_result(
+        &self,
+        live: &Live,
+        turn: u32,
+        index: usize,
+        call: ToolCall,
+        outcome: ToolOutcome,
+        started_at: chrono::DateTime<Utc>,
+        duration_ms: u64,
+    ) -> ToolResult {
+        let summary = match (&outcome, call.name.as_str()) {
+            (ToolOutcome::Ok { .. }, TODO_WRITE) => {
+                format!("Updated the plan (version {})", live.plan.version)
+            }
+            (ToolOutcome::Ok { .. }, _) => "Received the user's answer".to_owned(),
+            (_, name) => format!("{name} was rejected"),
+        };
+        let status = outcome.status();
+        let error = match &outcome {
+            ToolOutcome::Failed { code, .. } => Some(code.clone()),
+            ToolOutcome::Skipped { reason, .. } => Some(reason.as_str().to_owned()),
+            _ => None,
+        };
+        let record = ToolExecutionRecord {
+            run: live.run.run_id,
+            turn,
+            call_id: call.call_id.clone(),
+            tool: call.name.clone(),
+            args: call.args.clone(),
+            started_at,
+            duration_ms,
+            cost_usd: 0.0,
+            result_summary: outcome.to_model_text().chars().take(200).collect(),
+            fragments_added: 0,
+            status,
+            error,
+        };
+        ToolResult {
+            turn,
+            index,
+            call,
+            outcome,
+            record,
+            newly_blocked: false,
+            new_documents: Vec::new(),
+            summary,
+        }
+    }
+
+    async fn restart_planner(
+        &self,
+        myself: &ActorRef<SessionMsg>,
+        live: &mut Live,
+    ) -> Result<(), ActorProcessingErr> {
+        metrics::actor_restarted("planner");
+        let planner = Planner {
+            config: self.shared.config.planner.clone(),
+        };
+        let (planner, _) =
+            Actor::spawn_linked(None, planner, live.plan.clone(), myself.get_cell()).await?;
+        live.planner = planner;
+        Ok(())
+    }
+
+    async fn on_input(
+        &self,
+        myself: &ActorRef<SessionMsg>,
+        live: &mut Live,
+        text: String,
+        reply: RpcReplyPort<Result<(), InputError>>,
+    ) -> Result<(), ActorProcessingErr> {
+        let Phase::WaitingInput(tools) = std::mem::replace(&mut live.phase, Phase::Idle) else {
+            let _ = reply.send(Err(InputError::NotWaiting));
+            return Ok(());
+        };
+        let Some(ask) = tools.ask else {
+            live.phase = Phase::WaitingInput(tools);
+            let _ = reply.send(Err(InputError::NotWaiting));
+            return Ok(());
+        };
+        let turn = tools.turn;
+        let call = tools.calls[ask].clone();
+        live.phase = Phase::Tools(tools);
+        live.run.status = RunStatus::Running;
+        live.outbox
+            .emit(EventKind::InputReceived { text: text.clone() });
+        live.outbox.write(StoreWrite::Status {
+            status: RunStatus::Running,
+            reason: None,
+        });
+        let outcome = ToolOutcome::Ok {
+            value: Value::String(text),
+            fragments: Vec::new(),
+        };
+        let result = self.builtin_result(live, turn, ask, call, outcome, Utc::now(), 0);
+        self.record_result(live, result);
+        self.flush(live).await?;
+        let _ = reply.send(Ok(()));
+        self.maybe_end_tools(myself, live).await
+    }
+
+    /// Asks the reviewer about `turn`. Every turn of every run passes here exactly
+    /// once; the verdict comes back as `Reviewed`.
+    async fn request_review(
+        &self,
+        myself: &ActorRef<SessionMsg>,
+        live: &mut Live,
+        turn: u32,
+        final_answer: Option<String>,
+        synthesis: bool,
+    ) -> Result<(), ActorProcessingErr> {
+        self.flush(live).await?;
+        let calls = match &live.phase {
+            Phase::Tools(tools) => tools.results.iter().flatten().cloned().collect(),
+            _ => Vec::new(),
+        };
+        let input = Arc::new(ReviewInput {
+            turn,
+            request: live.run.input.clone(),
+            plan: live.plan.clone(),
+            calls,
+            final_answer: final_answer.clone(),
+            blocked_tools: live.ledger.blocked_tools(turn + 1),
+            synthesis,
+        });
+        live.phase = Phase::Review {
+            turn,
+            final_answer,
+            synthesis,
+        };
+        let session = myself.clone();
+        let reply = ReviewReply::new(input.clone(), move |review| {
+            let _ = session.cast(SessionMsg::Reviewed { turn, review });
+        });
+        let message = ReviewerMsg::Review {
+            kind: live.agent.reviewer.clone(),
+            agent_model: live.agent.model.clone(),
+            input,
+            reply,
+        };
+        // If the reviewer is down, the message (and its reply) is dropped right here,
+        // and the reply's drop sends the degraded rule-based review.
+        let sent = self
+            .shared
+            .handles
+            .reviewer()
+            .is_some_and(|reviewer| reviewer.cast(message).is_ok());
+        if !sent {
+            warn!(run_id = %live.run.run_id, "reviewer unreachable; using the rules");
+        }
+        Ok(())
+    }
+
+    async fn on_reviewed(
+        &self,
+        myself: &ActorRef<SessionMsg>,
+        live: &mut Live,
+        turn: u32,
+        review: Review,
+    ) -> Result<(), ActorProcessingErr> {
+        let Phase::Review {
+            turn: current,
+            final_answer,
+            synthesis,
+        } = std::mem::replace(&mut live.phase, Phase::Idle)
+        else {
+            return Ok(());
+        };
+        if current != turn {
+            live.phase = Phase::Review {
+                turn: current,
+                final_answer,
+                synthesis,
+            };
+            return Ok(());
+        }
+        metrics::review(
+            review.recommendation.as_str(),
+            review.status == crate::protocol::ReviewStatus::Degraded,
+            review.quality_score,
+            review.completeness,
+            review.relevance,
+        );
+        if let (Recommendation::Replan, Some(items)) =
+            (review.recommendation, review.updated_plan.clone())
+        {
+            match ractor::call!(live.planner, |reply| PlannerMsg::Replace { items, reply }) {
+                Ok(Ok(plan)) => {
+                    live.plan = plan.clone();
+                    live.outbox.write(StoreWrite::Plan(plan.clone()));
+                    live.outbox.emit(EventKind::PlanUpdated { plan });
+                }
+                Ok(Err(error)) => {
+                    warn!(run_id = %live.run.run_id, %error, "reviewer's plan rejected")
+                }
+                Err(error) => warn!(run_id = %live.run.run_id, %error, "planner unreachable"),
+            }
+        }
+        live.outbox.emit(EventKind::Review {
+            turn,
+            review: review.clone(),
+        });
+        live.outbox.write(StoreWrite::Review {
+            turn,
+            review: review.clone(),
+        });
+        self.append_message(live, turn, prompt::review_message(turn, &review));
+        live.outbox.emit(EventKind::TurnEnd { turn });
+        metrics::turn_finished(live.turn_clock.elapsed());
+        self.next_step(
+            myself,
+            live,
+            turn,
+            final_answer,
+            synthesis,
+            review.recommendation,
+        )
+        .await
+    }
+
+    /// After a reviewed turn: answer, continue, or force the synthesis turn.
+    async fn next_step(
+        &self,
+        myself: &ActorRef<SessionMsg>,
+        live: &mut Live,
+        turn: u32,
+        final_answer: Option<String>,
+        synthesis: bool,
+        recommendation: Recommendation,
+    ) -> Result<(), ActorProcessingErr> {
+        let max_turns = live.run.limits.max_turns;
+        match final_answer {
+            Some(answer) => {
+                let reflect = !synthesis
+                    && recommendation == Recommendation::GatherMore
+                    && live.reflections < self.shared.config.max_reflections
+                    && turn < max_turns;
+                if reflect {
+                    live.reflections += 1;
+                    self.start_turn(myself, live, turn + 1).await
+                } else {
+                    self.finish(myself, live, RunStatus::Succeeded, None, Some(answer))
+                        .await
+                }
+            }
+            // A tool turn at the limit is followed by the synthesis turn (max_turns + 1).
+            None => self.start_turn(myself, live, turn + 1).await,
+        }
+    }
+
+    /// Ends the run: final output, `run_end`, status; then stops the session.
+    async fn finish(
+        &self,
+        myself: &ActorRef<SessionMsg>,
+        live: &mut Live,
+        status: RunStatus,
+        reason: Option<String>,
+        answer: Option<String>,
+    ) -> Result<(), ActorProcessingErr> {
+        if let Some(task) = live.model_task.take() {
+            task.abort();
+        }
+        live.cancel.cancel();
+        if let Phase::Tools(tools) | Phase::WaitingInput(tools) = &live.phase {
+            // Calls still running are cut off by the cancel; record them as interrupted.
+            for index in 0..tools.next.min(tools.calls.len()) {
+                let call = &tools.calls[index];
+                if tools.results[index].is_none() && !prompt::is_builtin(&call.name) {
+                    let mut record = started_record(&WorkItem {
+                        run_id: live.run.run_id,
+                        turn: tools.turn,
+                        index,
+                        call: call.clone(),
+                        ledger: live.ledger.clone(),
+                        cancel: live.cancel.clone(),
+                    });
+                    record.status = CallStatus::Interrupted;
+                    record.error = Some("interrupted".to_owned());
+                    live.outbox.writes.push(StoreWrite::ToolExecution(record));
+                }
+            }
+        }
+        if let Some(text) = answer {
+            let citations = resolve_citations(&text, &live.ledger.documents());
+            live.outbox.write(StoreWrite::FinalOutput(text.clone()));
+            live.outbox.emit(EventKind::FinalOutput { text, citations });
+        }
+        live.outbox.emit(EventKind::RunEnd {
+            status,
+            reason: reason.clone(),
+        });
+        live.outbox.write(StoreWrite::Status {
+            status,
+            reason: reason.clone(),
+        });
+        live.run.status = status;
+        live.phase = Phase::Finished;
+        self.flush(live).await?;
+        self.shared.hub.close(live.run.run_id);
+        metrics::run_finished(&live.agent.name, status.as_str());
+        info!(run_id = %live.run.run_id, status = status.as_str(), reason = reason.as_deref().unwrap_or(""), "run finished");
+        live.planner.stop(None);
+        myself.stop(None);
+        Ok(())
+    }
+}
+
+/// The tool calls of the current turn, while it has them.
+fn tools_mut(live: &mut Live) -> Option<&mut ToolTurn> {
+    match &mut live.phase {
+        Phase::Tools(tools) | Phase::WaitingInput(tools) => Some(tools),
+        _ => None,
+    }
+}
+
+/// The record of a call committed as `started` before it runs.
+fn started_record(work: &WorkItem) -> ToolExecutionRecord {
+    ToolExecutionRecord {
+        run: work.run_id,
+        turn: work.turn,
+        call_id: work.call.call_id.clone(),
+        tool: work.call.name.clone(),
+        args: work.call.args.clone(),
+        started_at: Utc::now(),
+        duration_ms: 0,
+        cost_usd: 0.0,
+        result_summary: String::new(),
+        fragments_added: 0,
+        status: CallStatus::Started,
+        error: None,
+    }
+}
+
+/// Why the run may not call the model again, if it may not.
+fn over_budget(limits: &Limits, usage: &Usage) -> Option<String> {
+    if let Some(max) = limits.max_tokens
+        && usage.total_tokens() >= max
+    {
+        return Some(format!(
+            "the token budget of {max} is spent ({} used)",
+            usage.total_tokens()
+        ));
+    }
+    if let Some(max) = limits.max_cost_usd
+        && usage.cost_usd >= max
+    {
+        return Some(format!(
+            "the cost budget of ${max:.4} is spent (${:.4} used)",
+            usage.cost_usd
+        ));
+    }
+    None
+}
+
+/// Reads a model stream to its end, forwarding deltas to the session.
+async fn stream_reply(
+    model: &dyn ModelClient,
+    request: crate::llm::ChatRequest,
+    session: &ActorRef<SessionMsg>,
+    turn: u32,
+) -> Result<ModelReply, ModelError> {
+    let mut stream = model.chat(request).await?;
+    while let Some(chunk) = stream.next().await {
+        match chunk? {
+            ModelChunk::Delta(delta) => {
+                let _ = session.cast(SessionMsg::ModelDelta { turn, delta });
+            }
+            ModelChunk::Done(reply) => return Ok(reply),
+        }
+    }
+    Err(ModelError::Incomplete)
+}

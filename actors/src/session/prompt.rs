@@ -1,0 +1,200 @@
+//! What the model sees: the system prompt (instructions, `<plan>`,
+//! `<available_tools>`), the conversation, and the tools on offer; plus the built-in
+//! `ask_user` tool and citation resolution for the final answer.
+
+use serde_json::{Value, json};
+
+use crate::config::AgentConfig;
+use crate::llm::{ChatRequest, Message, Role, ToolChoice, ToolDefinition};
+use crate::planner::{self, TODO_WRITE};
+use crate::protocol::{Citation, Fragment, Plan, Review};
+use crate::tool::ToolRegistry;
+
+/// The name of the clarification tool.
+pub const ASK_USER: &str = "ask_user";
+
+/// The `ask_user` tool as offered to the model.
+pub fn ask_user_definition() -> ToolDefinition {
+    ToolDefinition {
+        name: ASK_USER.to_owned(),
+        description: "Ask the user a clarifying question and wait for the answer. \
+            Use it only when the request cannot be answered without it."
+            .to_owned(),
+        parameters: json!({
+            "type": "object",
+            "properties": {"question": {"type": "string", "description": "The question for the user"}},
+            "required": ["question"]
+        }),
+    }
+}
+
+/// The question of an `ask_user` call, if its arguments carry one.
+pub fn ask_user_question(args: &Value) -> Option<String> {
+    let parsed;
+    let args = match args {
+        Value::String(text) => {
+            parsed = serde_json::from_str::<Value>(text).ok()?;
+            &parsed
+        }
+        other => other,
+    };
+    args.get("question")
+        .and_then(Value::as_str)
+        .filter(|q| !q.trim().is_empty())
+        .map(str::to_owned)
+}
+
+/// Tools offered this turn: the built-ins, then the agent's registered tools that
+/// are not blocked.
+pub fn offered_tools(
+    agent: &AgentConfig,
+    registry: &ToolRegistry,
+    blocked: &[String],
+) -> Vec<ToolDefinition> {
+    let mut tools = vec![planner::todo_write_definition(), ask_user_definition()];
+    tools.extend(
+        agent
+            .tools
+            .iter()
+            .filter(|name| !blocked.contains(name))
+            .filter_map(|name| registry.definition(name)),
+    );
+    tools
+}
+
+/// The system prompt: instructions, the plan, and the tools on offer.
+pub fn system_prompt(
+    agent: &AgentConfig,
+    plan: &Plan,
+    tools: &[ToolDefinition],
+    blocked: &[String],
+) -> String {
+    let mut text = String::with_capacity(agent.instructions.len() + 512);
+    text.push_str(&agent.instructions);
+    text.push_str("\n\n");
+    text.push_str(&planner::render(plan));
+    text.push_str("\n\n<available_tools>\n");
+    for tool in tools {
+        text.push_str(&format!("- {}: {}\n", tool.name, tool.description));
+    }
+    if !blocked.is_empty() {
+        text.push_str(&format!(
+            "(blocked for now after repeated failures: {})\n",
+            blocked.join(", ")
+        ));
+    }
+    text.push_str("</available_tools>");
+    text
+}
+
+/// The request for a turn. The synthesis turn offers no tools and asks for the answer.
+pub fn build_request(
+    system: String,
+    conversation: &[Message],
+    tools: Vec<ToolDefinition>,
+    synthesis: bool,
+    max_turns: u32,
+) -> ChatRequest {
+    let mut messages = Vec::with_capacity(conversation.len() + 2);
+    messages.push(Message::text(Role::System, system));
+    messages.extend_from_slice(conversation);
+    if synthesis {
+        messages.push(Message::text(
+            Role::User,
+            format!(
+                "You have used all {max_turns} turns. Write the best final answer you can from what you have \
+                 found so far. Do not call tools."
+            ),
+        ));
+    }
+    ChatRequest {
+        messages,
+        tools: if synthesis { Vec::new() } else { tools },
+        tool_choice: if synthesis {
+            ToolChoice::None
+        } else {
+            ToolChoice::Auto
+        },
+        max_tokens: None,
+        temperature: None,
+    }
+}
+
+/// The review as the model reads it next turn.
+pub fn review_message(turn: u32, review: &Review) -> Message {
+    let mut text = format!(
+        "<review turn=\"{turn}\" recommendation=\"{}\">\n{}\n",
+        review.recommendation.as_str(),
+        review.notes
+    );
+    for gap in &review.gaps {
+        text.push_str(&format!("gap: {gap}\n"));
+    }
+    for action in &review.suggested_actions {
+        text.push_str(&format!("next: {action}\n"));
+    }
+    text.push_str("</review>");
+    Message::text(Role::User, text)
+}
+
+/// The `[n]` markers of `text` that name one of `documents` (1-based), in order
+/// of first use; out-of-range markers are dropped.
+pub fn resolve_citations(text: &str, documents: &[Fragment]) -> Vec<Citation> {
+    let mut citations: Vec<Citation> = Vec::new();
+    let mut rest = text;
+    while let Some(open) = rest.find('[') {
+        rest = &rest[open + 1..];
+        let Some(close) = rest.find(']') else { break };
+        if let Ok(marker) = rest[..close].trim().parse::<usize>() {
+            let known = marker >= 1 && marker <= documents.len();
+            if known && !citations.iter().any(|c| c.marker == marker) {
+                citations.push(Citation {
+                    marker,
+                    fragment: documents[marker - 1].clone(),
+                });
+            }
+        }
+        rest = &rest[close + 1..];
+    }
+    citations
+}
+
+/// Whether `name` is answered inside the session rather than by the tool pool.
+pub fn is_builtin(name: &str) -> bool {
+    name == TODO_WRITE || name == ASK_USER
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn citations_keep_known_markers_once() {
+        let doc = |id: &str| Fragment {
+            id: id.into(),
+            source: format!("mail:{id}"),
+            title: String::new(),
+            snippet: String::new(),
+        };
+        let citations = resolve_citations(
+            "A [2], B [1] and [2] again, C [9], D [x]",
+            &[doc("a"), doc("b")],
+        );
+        let markers: Vec<usize> = citations.iter().map(|c| c.marker).collect();
+        assert_eq!(markers, vec![2, 1]);
+        assert_eq!(citations[0].fragment.id, "b");
+    }
+
+    #[test]
+    fn ask_user_reads_the_question_from_text_or_object() {
+        assert_eq!(
+            ask_user_question(&json!({"question": "which?"})).as_deref(),
+            Some("which?")
+        );
+        assert_eq!(
+            ask_user_question(&json!("{\"question\": \"why?\"}")).as_deref(),
+            Some("why?")
+        );
+        assert_eq!(ask_user_question(&json!({"q": 1})), None);
+    }
+}

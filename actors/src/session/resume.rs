@@ -1,0 +1,252 @@
+//! Loading a run into a session: a new run starts its first turn; a run resumed
+//! after a crash carries on from its last commit. A committed model reply is never
+//! requested again; a call left `started` is re-run only if its tool is idempotent,
+//! otherwise the model is told it was interrupted; a parked run stays parked.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use chrono::Utc;
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::config::AgentConfig;
+use crate::hooks::RunLedger;
+use crate::llm::{Message, Role};
+use crate::planner::Planner;
+use crate::protocol::{CallStatus, RunStatus, SkipReason, ToolOutcome};
+use crate::reviewer::CallSummary;
+use crate::session::prompt::ASK_USER;
+use crate::session::{Live, Outbox, Phase, Session, SessionMsg, SessionState, ToolTurn};
+use crate::store::RunSnapshot;
+use crate::tool_pool::WorkItem;
+
+impl Session {
+    /// Loads the run and takes its next step.
+    pub(super) async fn load(
+        &self,
+        myself: &ActorRef<SessionMsg>,
+        state: &mut SessionState,
+    ) -> Result<(), ActorProcessingErr> {
+        if state.live.is_some() {
+            return Ok(());
+        }
+        let Some(snapshot) = self.shared.store.load(state.run_id).await? else {
+            warn!(run_id = %state.run_id, "run not in the store; session stops");
+            myself.stop(None);
+            return Ok(());
+        };
+        if snapshot.run.status.is_terminal() {
+            myself.stop(None);
+            return Ok(());
+        }
+        let known_agent = self.shared.agents.get(&snapshot.run.agent).cloned();
+        let agent = known_agent
+            .clone()
+            .unwrap_or_else(|| AgentConfig::new(snapshot.run.agent.clone(), "", Vec::new()));
+        let model = self.shared.models.get(agent.model.as_deref());
+        let planner = Planner {
+            config: self.shared.config.planner.clone(),
+        };
+        let (planner, _) =
+            Actor::spawn_linked(None, planner, snapshot.plan.clone(), myself.get_cell()).await?;
+        let run = &snapshot.run;
+        let mut conversation = vec![Message::text(Role::User, run.input.clone())];
+        conversation.extend(
+            snapshot
+                .messages
+                .iter()
+                .map(|stored| stored.message.clone()),
+        );
+        let max_turns = run.limits.max_turns;
+        let reflections = snapshot
+            .messages
+            .iter()
+            .filter(|m| m.message.role == Role::Assistant && m.message.tool_calls.is_empty())
+            .filter(|m| m.turn < run.turn && m.turn <= max_turns)
+            .count() as u32;
+        let live = state.live.insert(Live {
+            run: run.clone(),
+            model: model
+                .clone()
+                .unwrap_or_else(|| self.shared.models.fallback()),
+            agent,
+            planner,
+            plan: snapshot.plan.clone(),
+            conversation,
+            ledger: Arc::new(RunLedger::rebuild(
+                &snapshot.tool_executions,
+                &snapshot.documents,
+                &self.shared.config.hooks,
+            )),
+            outbox: Outbox {
+                run_id: run.run_id,
+                parent_run_id: run.parent_run_id,
+                next_seq: snapshot.last_seq + 1,
+                events: Vec::new(),
+                writes: Vec::new(),
+            },
+            phase: Phase::Idle,
+            cancel: CancellationToken::new(),
+            model_task: None,
+            reflections,
+            turn_clock: Instant::now(),
+        });
+        if known_agent.is_none() || model.is_none() {
+            let reason = format!("agent {} or its model is not configured", live.run.agent);
+            return self
+                .finish(myself, live, RunStatus::Failed, Some(reason), None)
+                .await;
+        }
+        if live.run.turn > 0 {
+            info!(run_id = %live.run.run_id, turn = live.run.turn, "resuming run from the store");
+        }
+        self.resume(myself, live, &snapshot).await
+    }
+
+    async fn resume(
+        &self,
+        myself: &ActorRef<SessionMsg>,
+        live: &mut Live,
+        snapshot: &RunSnapshot,
+    ) -> Result<(), ActorProcessingErr> {
+        let turn = live.run.turn;
+        if turn == 0 {
+            return self.start_turn(myself, live, 1).await;
+        }
+        let synthesis = turn > live.run.limits.max_turns;
+        let assistant = snapshot
+            .messages
+            .iter()
+            .find(|m| m.turn == turn && m.message.role == Role::Assistant)
+            .map(|m| m.message.clone());
+        if let Some((_, review)) = snapshot.reviews.iter().rev().find(|(t, _)| *t == turn) {
+            let final_answer = assistant
+                .filter(|a| a.tool_calls.is_empty())
+                .map(|a| a.content);
+            return self
+                .next_step(
+                    myself,
+                    live,
+                    turn,
+                    final_answer,
+                    synthesis,
+                    review.recommendation,
+                )
+                .await;
+        }
+        let Some(assistant) = assistant else {
+            // The turn's reply never committed: this is the one request that is repeated.
+            live.turn_clock = Instant::now();
+            self.call_model(myself, live, turn);
+            return Ok(());
+        };
+        if assistant.tool_calls.is_empty() {
+            return self
+                .request_review(myself, live, turn, Some(assistant.content), synthesis)
+                .await;
+        }
+        self.resume_tools(myself, live, snapshot, turn, assistant)
+            .await
+    }
+
+    /// A turn whose reply asked for tools: answered calls keep their results, a
+    /// side-effecting call left `started` is interrupted, the rest run again.
+    async fn resume_tools(
+        &self,
+        myself: &ActorRef<SessionMsg>,
+        live: &mut Live,
+        snapshot: &RunSnapshot,
+        turn: u32,
+        assistant: Message,
+    ) -> Result<(), ActorProcessingErr> {
+        let answered: Vec<&str> = snapshot
+            .messages
+            .iter()
+            .filter(|m| m.turn == turn && m.message.role == Role::Tool)
+            .filter_map(|m| m.message.tool_call_id.as_deref())
+            .collect();
+        let records: HashMap<&str, _> = snapshot
+            .tool_executions
+            .iter()
+            .filter(|record| record.turn == turn)
+            .map(|record| (record.call_id.as_str(), record))
+            .collect();
+        let mut tools = ToolTurn::new(turn, assistant.tool_calls);
+        let mut interrupted = Vec::new();
+        for (index, call) in tools.calls.iter().enumerate() {
+            let record = records.get(call.call_id.as_str());
+            if answered.contains(&call.call_id.as_str()) {
+                let status = record.map_or("completed", |r| r.status.as_str());
+                let skip = record
+                    .and_then(|r| r.error.as_deref())
+                    .and_then(skip_reason);
+                tools.results[index] = Some(CallSummary {
+                    tool: call.name.clone(),
+                    status,
+                    skip,
+                });
+            } else if call.name == ASK_USER {
+                if live.run.status == RunStatus::WaitingInput {
+                    tools.ask = Some(index);
+                }
+            } else if record.is_some_and(|r| r.status == CallStatus::Started)
+                && !self.idempotent(&call.name)
+            {
+                interrupted.push(index);
+            }
+        }
+        live.phase = Phase::Tools(tools);
+        for index in interrupted {
+            let Some(call) = super::tools_mut(live).map(|tools| tools.calls[index].clone()) else {
+                break;
+            };
+            let work = WorkItem {
+                run_id: live.run.run_id,
+                turn,
+                index,
+                call,
+                ledger: live.ledger.clone(),
+                cancel: live.cancel.clone(),
+            };
+            warn!(run_id = %work.run_id, tool = %work.call.name, "side-effecting call was cut off by a crash; reporting it interrupted");
+            let result = crate::tool_pool::finish(
+                &self.shared.pool,
+                &work,
+                ToolOutcome::Interrupted,
+                Utc::now(),
+                Default::default(),
+                0.0,
+            );
+            self.record_result(live, result);
+        }
+        if live.run.status == RunStatus::WaitingInput
+            && let Phase::Tools(tools) = std::mem::replace(&mut live.phase, Phase::Idle)
+        {
+            live.phase = Phase::WaitingInput(tools);
+            return Ok(());
+        }
+        self.advance_tools(myself, live).await
+    }
+
+    fn idempotent(&self, tool: &str) -> bool {
+        self.shared
+            .pool
+            .registry
+            .get(tool)
+            .is_some_and(|registered| registered.tool.idempotent())
+    }
+}
+
+fn skip_reason(code: &str) -> Option<SkipReason> {
+    [
+        SkipReason::Duplicate,
+        SkipReason::Blocked,
+        SkipReason::InvalidArgs,
+        SkipReason::Denied,
+    ]
+    .into_iter()
+    .find(|reason| reason.as_str() == code)
+}

@@ -1,0 +1,387 @@
+//! The store port: where runs live. Actor state is a cache of what is committed here;
+//! a session restarted after a crash rebuilds itself from [`RunStore::load`].
+//!
+//! Every [`Commit`] is atomic: its state changes and the events that describe them
+//! land together or not at all, and its events must continue the run's sequence
+//! without a gap. [`MemoryStore`] is the in-process implementation; the SQL
+//! implementations live in the `troupe` package.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::llm::Message;
+use crate::protocol::{
+    Fragment, Limits, Plan, Review, RunEvent, RunId, RunStatus, ToolExecutionRecord, Usage,
+};
+
+/// A run as stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunRecord {
+    /// The id.
+    pub run_id: RunId,
+    /// The owning tenant; every query is scoped by it.
+    pub tenant: String,
+    /// The run that started this one, for sub-runs.
+    pub parent_run_id: Option<RunId>,
+    /// The agent.
+    pub agent: String,
+    /// The request.
+    pub input: String,
+    /// The limits in force.
+    pub limits: Limits,
+    /// Where it stands.
+    pub status: RunStatus,
+    /// Why it ended, for anything but success.
+    pub reason: Option<String>,
+    /// The last turn started.
+    pub turn: u32,
+    /// Tokens and cost so far.
+    pub usage: Usage,
+    /// The final answer.
+    pub final_output: Option<String>,
+    /// When it was accepted.
+    pub created_at: DateTime<Utc>,
+    /// When it last changed.
+    pub updated_at: DateTime<Utc>,
+}
+
+/// A conversation message with the turn it belongs to.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoredMessage {
+    /// The turn (0 for the user's request).
+    pub turn: u32,
+    /// The message.
+    pub message: Message,
+}
+
+/// One state change inside a [`Commit`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum StoreWrite {
+    /// The run's status changed.
+    Status {
+        /// New status.
+        status: RunStatus,
+        /// Why, for failures and cancels.
+        reason: Option<String>,
+    },
+    /// Turn counter and usage totals.
+    Progress {
+        /// The last turn started.
+        turn: u32,
+        /// Usage so far.
+        usage: Usage,
+    },
+    /// A message joins the conversation.
+    Message(StoredMessage),
+    /// A new plan version.
+    Plan(Plan),
+    /// A tool call's record, inserted or replaced (keyed by turn and call id).
+    ToolExecution(ToolExecutionRecord),
+    /// A turn's review.
+    Review {
+        /// The turn.
+        turn: u32,
+        /// The verdict.
+        review: Review,
+    },
+    /// Documents first seen by the run (its citable sources), appended in order.
+    Documents(Vec<Fragment>),
+    /// The final answer.
+    FinalOutput(String),
+}
+
+/// State changes and their events, committed atomically.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Commit {
+    /// The run.
+    pub run_id: RunId,
+    /// The changes.
+    pub writes: Vec<StoreWrite>,
+    /// The events, continuing the run's sequence.
+    pub events: Vec<RunEvent>,
+}
+
+/// Everything needed to rebuild a run's actors.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunSnapshot {
+    /// The run.
+    pub run: RunRecord,
+    /// The conversation, in order.
+    pub messages: Vec<StoredMessage>,
+    /// The latest plan.
+    pub plan: Plan,
+    /// The latest record of every tool call, in call order.
+    pub tool_executions: Vec<ToolExecutionRecord>,
+    /// Reviews by turn, in order.
+    pub reviews: Vec<(u32, Review)>,
+    /// The run's seen documents, in first-seen order.
+    pub documents: Vec<Fragment>,
+    /// The seq of the run's last event.
+    pub last_seq: u64,
+}
+
+/// A listing filter.
+#[derive(Debug, Clone, Default)]
+pub struct RunQuery {
+    /// Only this tenant's runs.
+    pub tenant: Option<String>,
+    /// Only runs with this status.
+    pub status: Option<RunStatus>,
+    /// At most this many, newest first.
+    pub limit: usize,
+}
+
+/// Why a store call failed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum StoreError {
+    /// No such run.
+    #[error("run {0} not found")]
+    NotFound(RunId),
+    /// The run exists already.
+    #[error("run {0} already exists")]
+    Exists(RunId),
+    /// The commit's events do not continue the run's sequence.
+    #[error("run {run_id}: expected event seq {expected}, got {got}")]
+    SeqConflict {
+        /// The run.
+        run_id: RunId,
+        /// The next seq the store expected.
+        expected: u64,
+        /// What the commit carried.
+        got: u64,
+    },
+    /// The run has ended; nothing may change it.
+    #[error("run {0} has ended")]
+    Terminal(RunId),
+    /// The backend failed.
+    #[error("store backend error: {0}")]
+    Backend(String),
+}
+
+/// Durable storage of runs, events, messages, tool executions, plans and reviews.
+#[async_trait]
+pub trait RunStore: Send + Sync + 'static {
+    /// Stores a new run with its first events.
+    async fn create_run(&self, run: RunRecord, events: Vec<RunEvent>) -> Result<(), StoreError>;
+
+    /// Applies a commit atomically.
+    async fn commit(&self, commit: Commit) -> Result<(), StoreError>;
+
+    /// The run's record.
+    async fn get_run(&self, run_id: RunId) -> Result<Option<RunRecord>, StoreError>;
+
+    /// Everything needed to resume the run.
+    async fn load(&self, run_id: RunId) -> Result<Option<RunSnapshot>, StoreError>;
+
+    /// Up to `limit` events with seq greater than `after`, in order.
+    async fn events_after(
+        &self,
+        run_id: RunId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<RunEvent>, StoreError>;
+
+    /// Runs matching `query`, newest first.
+    async fn list_runs(&self, query: RunQuery) -> Result<Vec<RunRecord>, StoreError>;
+
+    /// Ids of runs that have not ended, oldest first: what a restart resumes.
+    async fn unfinished_runs(&self) -> Result<Vec<RunId>, StoreError>;
+}
+
+/// Checks that `events` continue after `last_seq` with no gap.
+pub fn check_sequence(run_id: RunId, last_seq: u64, events: &[RunEvent]) -> Result<(), StoreError> {
+    for (offset, event) in events.iter().enumerate() {
+        let expected = last_seq + 1 + offset as u64;
+        if event.seq != expected || event.run_id != run_id {
+            return Err(StoreError::SeqConflict {
+                run_id,
+                expected,
+                got: event.seq,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Applies `write` to `snapshot`: the one definition of what each write means,
+/// shared by every store that keeps snapshots in memory.
+pub fn apply_write(snapshot: &mut RunSnapshot, write: StoreWrite, now: DateTime<Utc>) {
+    let run = &mut snapshot.run;
+    run.updated_at = now;
+    match write {
+        StoreWrite::Status { status, reason } => {
+            run.status = status;
+            run.reason = reason;
+        }
+        StoreWrite::Progress { turn, usage } => {
+            run.turn = turn;
+            run.usage = usage;
+        }
+        StoreWrite::Message(message) => snapshot.messages.push(message),
+        StoreWrite::Plan(plan) => snapshot.plan = plan,
+        StoreWrite::ToolExecution(record) => {
+            let existing = snapshot
+                .tool_executions
+                .iter_mut()
+                .find(|old| old.turn == record.turn && old.call_id == record.call_id);
+            match existing {
+                Some(old) => *old = record,
+                None => snapshot.tool_executions.push(record),
+            }
+        }
+        StoreWrite::Review { turn, review } => snapshot.reviews.push((turn, review)),
+        StoreWrite::Documents(fragments) => snapshot.documents.extend(fragments),
+        StoreWrite::FinalOutput(text) => run.final_output = Some(text),
+    }
+}
+
+#[derive(Default)]
+struct MemoryRun {
+    snapshot: Option<RunSnapshot>,
+    events: Vec<RunEvent>,
+}
+
+/// An in-process store. Nothing survives the process; use it for tests, benches
+/// and embedded runtimes that need no durability.
+#[derive(Default)]
+pub struct MemoryStore {
+    runs: Mutex<HashMap<RunId, MemoryRun>>,
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn with_runs<T>(
+        &self,
+        f: impl FnOnce(&mut HashMap<RunId, MemoryRun>) -> T,
+    ) -> Result<T, StoreError> {
+        // A poisoned lock means a panic mid-commit elsewhere; commits validate before
+        // they mutate, so the data is still consistent and we keep serving it.
+        let mut runs = self
+            .runs
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        Ok(f(&mut runs))
+    }
+}
+
+#[async_trait]
+impl RunStore for MemoryStore {
+    async fn create_run(&self, run: RunRecord, events: Vec<RunEvent>) -> Result<(), StoreError> {
+        self.with_runs(|runs| {
+            let run_id = run.run_id;
+            if runs.contains_key(&run_id) {
+                return Err(StoreError::Exists(run_id));
+            }
+            check_sequence(run_id, 0, &events)?;
+            let snapshot = RunSnapshot {
+                run,
+                messages: Vec::new(),
+                plan: Plan::default(),
+                tool_executions: Vec::new(),
+                reviews: Vec::new(),
+                documents: Vec::new(),
+                last_seq: events.len() as u64,
+            };
+            runs.insert(
+                run_id,
+                MemoryRun {
+                    snapshot: Some(snapshot),
+                    events,
+                },
+            );
+            Ok(())
+        })?
+    }
+
+    async fn commit(&self, commit: Commit) -> Result<(), StoreError> {
+        self.with_runs(|runs| {
+            let run_id = commit.run_id;
+            let entry = runs.get_mut(&run_id).ok_or(StoreError::NotFound(run_id))?;
+            let snapshot = entry
+                .snapshot
+                .as_mut()
+                .ok_or(StoreError::NotFound(run_id))?;
+            if snapshot.run.status.is_terminal() {
+                return Err(StoreError::Terminal(run_id));
+            }
+            check_sequence(run_id, snapshot.last_seq, &commit.events)?;
+            let now = Utc::now();
+            for write in commit.writes {
+                apply_write(snapshot, write, now);
+            }
+            snapshot.last_seq += commit.events.len() as u64;
+            entry.events.extend(commit.events);
+            Ok(())
+        })?
+    }
+
+    async fn get_run(&self, run_id: RunId) -> Result<Option<RunRecord>, StoreError> {
+        self.with_runs(|runs| {
+            runs.get(&run_id)
+                .and_then(|entry| entry.snapshot.as_ref())
+                .map(|s| s.run.clone())
+        })
+    }
+
+    async fn load(&self, run_id: RunId) -> Result<Option<RunSnapshot>, StoreError> {
+        self.with_runs(|runs| runs.get(&run_id).and_then(|entry| entry.snapshot.clone()))
+    }
+
+    async fn events_after(
+        &self,
+        run_id: RunId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<RunEvent>, StoreError> {
+        self.with_runs(|runs| {
+            let Some(entry) = runs.get(&run_id) else {
+                return Err(StoreError::NotFound(run_id));
+            };
+            // Seqs start at 1 and are dense, so seq n sits at index n - 1.
+            let start = (after as usize).min(entry.events.len());
+            Ok(entry.events[start..].iter().take(limit).cloned().collect())
+        })?
+    }
+
+    async fn list_runs(&self, query: RunQuery) -> Result<Vec<RunRecord>, StoreError> {
+        self.with_runs(|runs| {
+            let mut records: Vec<RunRecord> = runs
+                .values()
+                .filter_map(|entry| entry.snapshot.as_ref())
+                .map(|snapshot| &snapshot.run)
+                .filter(|run| {
+                    query
+                        .tenant
+                        .as_ref()
+                        .is_none_or(|tenant| &run.tenant == tenant)
+                })
+                .filter(|run| query.status.is_none_or(|status| run.status == status))
+                .cloned()
+                .collect();
+            records.sort_by_key(|run| std::cmp::Reverse(run.run_id));
+            records.truncate(query.limit);
+            records
+        })
+    }
+
+    async fn unfinished_runs(&self) -> Result<Vec<RunId>, StoreError> {
+        self.with_runs(|runs| {
+            let mut ids: Vec<RunId> = runs
+                .values()
+                .filter_map(|entry| entry.snapshot.as_ref())
+                .filter(|snapshot| !snapshot.run.status.is_terminal())
+                .map(|snapshot| snapshot.run.run_id)
+                .collect();
+            ids.sort();
+            ids
+        })
+    }
+}

@@ -1,0 +1,486 @@
+//! Test support (feature `testing`): a scripted model, tools that echo, fail,
+//! panic, hang or write to a ledger, a store that panics on demand, and a metrics
+//! recorder. They stand in for the network and the world in tests and benches;
+//! none of them is used by the product.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::stream;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use serde_json::{Value, json};
+
+use crate::llm::{
+    ChatRequest, ModelChunk, ModelClient, ModelDelta, ModelError, ModelReply, ModelStream, Role,
+};
+use crate::protocol::{Fragment, RunId, ToolCall, Usage};
+use crate::store::{Commit, MemoryStore, RunQuery, RunRecord, RunSnapshot, RunStore, StoreError};
+use crate::tool::{Tool, ToolContext, ToolError, ToolOutput};
+
+/// One scripted model answer.
+#[derive(Debug, Clone)]
+pub enum Step {
+    /// Stream the reply's text as one delta, then the reply.
+    Reply(ModelReply),
+    /// Fail the call.
+    Fail(ModelError),
+    /// Never answer (until the call is dropped).
+    Hang,
+}
+
+/// A reply with text only (a final answer).
+pub fn text(content: &str) -> Step {
+    Step::Reply(ModelReply {
+        content: content.to_owned(),
+        usage: usage(),
+        ..Default::default()
+    })
+}
+
+/// A reply calling `calls` as (tool, args); call ids are `{tool}_{index}`.
+pub fn calls(calls: &[(&str, Value)]) -> Step {
+    let tool_calls = calls
+        .iter()
+        .enumerate()
+        .map(|(index, (name, args))| ToolCall {
+            call_id: format!("{name}_{index}"),
+            name: (*name).to_owned(),
+            args: args.clone(),
+        })
+        .collect();
+    Step::Reply(ModelReply {
+        tool_calls,
+        usage: usage(),
+        ..Default::default()
+    })
+}
+
+/// A `todo_write` call with `(id, content, status)` tasks.
+pub fn todo(tasks: &[(&str, &str, &str)]) -> Value {
+    let todos: Vec<Value> = tasks
+        .iter()
+        .map(|(id, content, status)| json!({"id": id, "content": content, "status": status}))
+        .collect();
+    json!({ "todos": todos })
+}
+
+fn usage() -> Usage {
+    Usage {
+        input_tokens: 100,
+        output_tokens: 20,
+        cost_usd: 0.0001,
+    }
+}
+
+enum Script {
+    /// Answers in order, whatever the run.
+    Queue(VecDeque<Step>),
+    /// Answers by turn: the request's turn is its assistant messages + 1. Runs that
+    /// interleave each get their own sequence.
+    PerTurn(Vec<Step>),
+}
+
+/// A model that answers from a script and keeps every request it got.
+pub struct ScriptedModel {
+    name: String,
+    script: Mutex<Script>,
+    /// Answer once the script is exhausted.
+    fallback: Step,
+    requests: Mutex<Vec<ChatRequest>>,
+    count: AtomicUsize,
+    /// Streams text deltas and keeps requests; off for benchmarks.
+    verbose: bool,
+}
+
+impl ScriptedModel {
+    /// Answers `steps` in order, then "done".
+    pub fn queue(steps: Vec<Step>) -> Self {
+        Self::new(Script::Queue(steps.into()))
+    }
+
+    /// Answers step N to every run's turn N, then "done".
+    pub fn per_turn(steps: Vec<Step>) -> Self {
+        Self::new(Script::PerTurn(steps))
+    }
+
+    fn new(script: Script) -> Self {
+        Self {
+            name: "scripted".to_owned(),
+            script: Mutex::new(script),
+            fallback: text("done"),
+            requests: Mutex::new(Vec::new()),
+            count: AtomicUsize::new(0),
+            verbose: true,
+        }
+    }
+
+    /// Keeps no requests and streams no deltas (benchmarks).
+    pub fn quiet(mut self) -> Self {
+        self.verbose = false;
+        self
+    }
+
+    /// Every request so far.
+    pub fn requests(&self) -> Vec<ChatRequest> {
+        self.requests
+            .lock()
+            .map(|requests| requests.clone())
+            .unwrap_or_default()
+    }
+
+    /// How many requests came.
+    pub fn request_count(&self) -> usize {
+        self.count.load(Ordering::SeqCst)
+    }
+
+    fn next_step(&self, request: &ChatRequest) -> Step {
+        let Ok(mut script) = self.script.lock() else {
+            return self.fallback.clone();
+        };
+        match &mut *script {
+            Script::Queue(steps) => steps.pop_front(),
+            Script::PerTurn(steps) => {
+                let turn = request
+                    .messages
+                    .iter()
+                    .filter(|m| m.role == Role::Assistant)
+                    .count();
+                steps.get(turn).cloned()
+            }
+        }
+        .unwrap_or_else(|| self.fallback.clone())
+    }
+}
+
+#[async_trait]
+impl ModelClient for ScriptedModel {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn chat(&self, request: ChatRequest) -> Result<ModelStream, ModelError> {
+        let step = self.next_step(&request);
+        self.count.fetch_add(1, Ordering::SeqCst);
+        if self.verbose
+            && let Ok(mut requests) = self.requests.lock()
+        {
+            requests.push(request);
+        }
+        match step {
+            Step::Reply(reply) => {
+                let mut chunks = Vec::with_capacity(2);
+                if self.verbose && !reply.content.is_empty() {
+                    chunks.push(Ok(ModelChunk::Delta(ModelDelta::Text(
+                        reply.content.clone(),
+                    ))));
+                }
+                chunks.push(Ok(ModelChunk::Done(reply)));
+                Ok(Box::pin(stream::iter(chunks)))
+            }
+            Step::Fail(error) => Err(error),
+            Step::Hang => Ok(Box::pin(stream::pending())),
+        }
+    }
+}
+
+fn object_schema(properties: Value, required: &[&str]) -> Value {
+    json!({"type": "object", "properties": properties, "required": required})
+}
+
+/// Returns its `text` argument. Idempotent.
+pub struct EchoTool;
+
+#[async_trait]
+impl Tool for EchoTool {
+    fn name(&self) -> &str {
+        "echo"
+    }
+    fn description(&self) -> &str {
+        "Repeats the text it is given."
+    }
+    fn parameters(&self) -> Value {
+        object_schema(json!({"text": {"type": "string"}}), &["text"])
+    }
+    fn idempotent(&self) -> bool {
+        true
+    }
+    fn describe_start(&self, args: &Value) -> String {
+        format!(
+            "Echoing '{}'",
+            args.get("text").and_then(Value::as_str).unwrap_or_default()
+        )
+    }
+    async fn call(&self, _context: ToolContext, args: Value) -> Result<ToolOutput, ToolError> {
+        Ok(ToolOutput::value(
+            args.get("text").cloned().unwrap_or(Value::Null),
+        ))
+    }
+}
+
+/// Always fails with code `boom`.
+pub struct FailingTool;
+
+#[async_trait]
+impl Tool for FailingTool {
+    fn name(&self) -> &str {
+        "flaky"
+    }
+    fn description(&self) -> &str {
+        "Always fails."
+    }
+    fn parameters(&self) -> Value {
+        object_schema(json!({}), &[])
+    }
+    async fn call(&self, _context: ToolContext, _args: Value) -> Result<ToolOutput, ToolError> {
+        Err(ToolError::failed("boom", "the service is down"))
+    }
+}
+
+/// Panics.
+pub struct PanickingTool;
+
+#[async_trait]
+impl Tool for PanickingTool {
+    fn name(&self) -> &str {
+        "panics"
+    }
+    fn description(&self) -> &str {
+        "Panics."
+    }
+    fn parameters(&self) -> Value {
+        object_schema(json!({}), &[])
+    }
+    async fn call(&self, _context: ToolContext, _args: Value) -> Result<ToolOutput, ToolError> {
+        panic!("injected tool panic")
+    }
+}
+
+/// Waits `delay` before answering (use with paused time).
+pub struct SlowTool {
+    /// How long each call takes.
+    pub delay: Duration,
+    /// Its own time limit.
+    pub timeout: Option<Duration>,
+}
+
+#[async_trait]
+impl Tool for SlowTool {
+    fn name(&self) -> &str {
+        "slow"
+    }
+    fn description(&self) -> &str {
+        "Takes a while."
+    }
+    fn parameters(&self) -> Value {
+        object_schema(json!({}), &[])
+    }
+    fn timeout(&self) -> Option<Duration> {
+        self.timeout
+    }
+    async fn call(&self, _context: ToolContext, _args: Value) -> Result<ToolOutput, ToolError> {
+        tokio::time::sleep(self.delay).await;
+        Ok(ToolOutput::value(json!("slow result")))
+    }
+}
+
+/// A side-effecting tool: appends `entry` with the call's idempotency key to a
+/// shared ledger. Not idempotent.
+#[derive(Default, Clone)]
+pub struct LedgerTool {
+    /// (idempotency key, entry) lines written so far.
+    pub lines: Arc<Mutex<Vec<(String, String)>>>,
+}
+
+#[async_trait]
+impl Tool for LedgerTool {
+    fn name(&self) -> &str {
+        "ledger"
+    }
+    fn description(&self) -> &str {
+        "Appends an entry to the ledger."
+    }
+    fn parameters(&self) -> Value {
+        object_schema(json!({"entry": {"type": "string"}}), &["entry"])
+    }
+    async fn call(&self, context: ToolContext, args: Value) -> Result<ToolOutput, ToolError> {
+        let entry = args
+            .get("entry")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        if let Ok(mut lines) = self.lines.lock() {
+            lines.push((context.idempotency_key, entry));
+        }
+        Ok(ToolOutput::value(json!("written")))
+    }
+}
+
+/// Returns two documents per query and honours `excluded_ids`. Idempotent.
+pub struct SearchTool;
+
+#[async_trait]
+impl Tool for SearchTool {
+    fn name(&self) -> &str {
+        "search"
+    }
+    fn description(&self) -> &str {
+        "Searches documents."
+    }
+    fn parameters(&self) -> Value {
+        object_schema(
+            json!({"query": {"type": "string"}, "excluded_ids": {"type": "array", "items": {"type": "string"}}}),
+            &["query"],
+        )
+    }
+    fn idempotent(&self) -> bool {
+        true
+    }
+    fn describe_start(&self, args: &Value) -> String {
+        format!(
+            "Searching for '{}'",
+            args.get("query")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+        )
+    }
+    async fn call(&self, _context: ToolContext, args: Value) -> Result<ToolOutput, ToolError> {
+        let query = args
+            .get("query")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let excluded: Vec<&str> = args
+            .get("excluded_ids")
+            .and_then(Value::as_array)
+            .map(|ids| ids.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        let fragments: Vec<Fragment> = (1..=2)
+            .map(|n| Fragment {
+                id: format!("{query}-{n}"),
+                source: format!("doc://{query}/{n}"),
+                title: format!("{query} {n}"),
+                snippet: String::new(),
+            })
+            .filter(|fragment| !excluded.contains(&fragment.id.as_str()))
+            .collect();
+        Ok(ToolOutput {
+            value: json!({"excluded": excluded, "found": fragments.len()}),
+            fragments,
+            cost_usd: 0.0,
+        })
+    }
+}
+
+/// A memory store that panics inside `commit` when a predicate matches, a set
+/// number of times: the caller's actor crashes mid-turn as on a real fault.
+pub struct FaultyStore {
+    inner: MemoryStore,
+    predicate: Box<dyn Fn(&Commit) -> bool + Send + Sync>,
+    remaining: AtomicUsize,
+}
+
+impl FaultyStore {
+    /// Panics on the first `times` commits for which `predicate` holds.
+    pub fn new(times: usize, predicate: impl Fn(&Commit) -> bool + Send + Sync + 'static) -> Self {
+        Self {
+            inner: MemoryStore::new(),
+            predicate: Box::new(predicate),
+            remaining: AtomicUsize::new(times),
+        }
+    }
+}
+
+#[async_trait]
+impl RunStore for FaultyStore {
+    async fn create_run(
+        &self,
+        run: RunRecord,
+        events: Vec<crate::protocol::RunEvent>,
+    ) -> Result<(), StoreError> {
+        self.inner.create_run(run, events).await
+    }
+    async fn commit(&self, commit: Commit) -> Result<(), StoreError> {
+        if (self.predicate)(&commit)
+            && self
+                .remaining
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                    left.checked_sub(1)
+                })
+                .is_ok()
+        {
+            panic!("injected store fault");
+        }
+        self.inner.commit(commit).await
+    }
+    async fn get_run(&self, run_id: RunId) -> Result<Option<RunRecord>, StoreError> {
+        self.inner.get_run(run_id).await
+    }
+    async fn load(&self, run_id: RunId) -> Result<Option<RunSnapshot>, StoreError> {
+        self.inner.load(run_id).await
+    }
+    async fn events_after(
+        &self,
+        run_id: RunId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<crate::protocol::RunEvent>, StoreError> {
+        self.inner.events_after(run_id, after, limit).await
+    }
+    async fn list_runs(&self, query: RunQuery) -> Result<Vec<RunRecord>, StoreError> {
+        self.inner.list_runs(query).await
+    }
+    async fn unfinished_runs(&self) -> Result<Vec<RunId>, StoreError> {
+        self.inner.unfinished_runs().await
+    }
+}
+
+struct Capture {
+    snapshotter: Snapshotter,
+    totals: Mutex<HashMap<String, u64>>,
+}
+
+static CAPTURE: OnceLock<Option<Capture>> = OnceLock::new();
+
+/// Installs a process-wide recorder (once) so tests can read counters.
+pub fn capture_metrics() {
+    CAPTURE.get_or_init(|| {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        recorder.install().ok().map(|()| Capture {
+            snapshotter,
+            totals: Mutex::new(HashMap::new()),
+        })
+    });
+}
+
+/// The total of counter `name` with exactly `labels` since [`capture_metrics`].
+pub fn counter(name: &str, labels: &[(&str, &str)]) -> u64 {
+    let Some(Some(capture)) = CAPTURE.get() else {
+        return 0;
+    };
+    let Ok(mut totals) = capture.totals.lock() else {
+        return 0;
+    };
+    // Snapshots drain counters, so they are folded into running totals.
+    for (key, _, _, value) in capture.snapshotter.snapshot().into_vec() {
+        if let DebugValue::Counter(value) = value {
+            let mut labels: Vec<String> = key
+                .key()
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect();
+            labels.sort();
+            *totals
+                .entry(format!("{}{{{}}}", key.key().name(), labels.join(",")))
+                .or_insert(0) += value;
+        }
+    }
+    let mut wanted: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    wanted.sort();
+    totals
+        .get(&format!("{name}{{{}}}", wanted.join(",")))
+        .copied()
+        .unwrap_or(0)
+}

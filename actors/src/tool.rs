@@ -1,0 +1,226 @@
+//! The tool port: what an agent can do. A [`Tool`] declares its name, description,
+//! argument schema and effect flags; the [`ToolRegistry`] holds the tools of a
+//! runtime with their compiled schema validators. Nothing but a tool worker calls
+//! [`Tool::call`], and only after the hook chain let the call through.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::llm::ToolDefinition;
+use crate::protocol::{Fragment, RunId, ToolOutcome};
+
+/// What a tool learns about the call it serves.
+#[derive(Debug, Clone)]
+pub struct ToolContext {
+    /// The run.
+    pub run_id: RunId,
+    /// The turn.
+    pub turn: u32,
+    /// The model's call id.
+    pub call_id: String,
+    /// `"{run_id}:{turn}:{index}"`: the same for every execution of this call, also
+    /// after a crash, so a side-effecting tool can have its sink deduplicate.
+    pub idempotency_key: String,
+    /// Cancelled when the run is cancelled; long tools should watch it.
+    pub cancel: CancellationToken,
+}
+
+/// A tool's successful result.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ToolOutput {
+    /// What the model sees.
+    pub value: Value,
+    /// Citable documents in the result.
+    pub fragments: Vec<Fragment>,
+    /// Cost of the call in USD (a paid API, say).
+    pub cost_usd: f64,
+}
+
+impl ToolOutput {
+    /// A result with a value only.
+    pub fn value(value: Value) -> Self {
+        Self {
+            value,
+            fragments: Vec::new(),
+            cost_usd: 0.0,
+        }
+    }
+}
+
+/// Why a tool failed. Every variant becomes a `Failed` outcome the model sees.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ToolError {
+    /// The arguments were well-formed but unusable.
+    #[error("invalid arguments: {0}")]
+    InvalidArgs(String),
+    /// The tool ran and failed.
+    #[error("{code}: {message}")]
+    Failed {
+        /// Stable code.
+        code: String,
+        /// Detail for the model.
+        message: String,
+    },
+}
+
+impl ToolError {
+    /// A failure with a code and a message.
+    pub fn failed(code: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::Failed {
+            code: code.into(),
+            message: message.into(),
+        }
+    }
+
+    /// The outcome the model sees.
+    pub fn into_outcome(self) -> ToolOutcome {
+        match self {
+            Self::InvalidArgs(message) => ToolOutcome::failed("invalid_args", message),
+            Self::Failed { code, message } => ToolOutcome::failed(code, message),
+        }
+    }
+}
+
+/// Something an agent can do.
+#[async_trait]
+pub trait Tool: Send + Sync + 'static {
+    /// Unique name, as the model calls it.
+    fn name(&self) -> &str;
+
+    /// What it does, for the model.
+    fn description(&self) -> &str;
+
+    /// JSON Schema of its arguments (an object schema).
+    fn parameters(&self) -> Value;
+
+    /// Whether running it twice with the same idempotency key is harmless. A call
+    /// left `started` by a crash is re-run only if this is true.
+    fn idempotent(&self) -> bool {
+        false
+    }
+
+    /// Whether each call waits for a human's approval.
+    fn requires_approval(&self) -> bool {
+        false
+    }
+
+    /// Per-call time limit; `None` uses the pool's default.
+    fn timeout(&self) -> Option<Duration> {
+        None
+    }
+
+    /// A short human line for the `reasoning_step` event when a call starts.
+    fn describe_start(&self, _args: &Value) -> String {
+        format!("Calling {}", self.name())
+    }
+
+    /// A short human line for the `reasoning_step` event when a call ends.
+    fn describe_end(&self, outcome: &ToolOutcome) -> String {
+        match outcome {
+            ToolOutcome::Ok { .. } => format!("{} finished", self.name()),
+            ToolOutcome::Failed { code, .. } => format!("{} failed ({code})", self.name()),
+            ToolOutcome::Skipped { reason, .. } => {
+                format!("{} skipped ({})", self.name(), reason.as_str())
+            }
+            ToolOutcome::Interrupted => format!("{} interrupted", self.name()),
+        }
+    }
+
+    /// Runs the call. Failures are values; a panic is caught by the pool.
+    async fn call(&self, context: ToolContext, args: Value) -> Result<ToolOutput, ToolError>;
+}
+
+/// Why a tool could not be registered.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    /// Two tools share a name.
+    #[error("tool {0} is registered twice")]
+    Duplicate(String),
+    /// The argument schema does not compile.
+    #[error("tool {name} has an invalid argument schema: {message}")]
+    BadSchema {
+        /// The tool.
+        name: String,
+        /// The compiler's complaint.
+        message: String,
+    },
+}
+
+/// A registered tool with its compiled argument validator.
+pub struct RegisteredTool {
+    /// The tool.
+    pub tool: Arc<dyn Tool>,
+    /// The compiled schema; compiled once, at registration.
+    pub validator: jsonschema::Validator,
+    /// Whether the schema has an `excluded_ids` property (seen-document injection).
+    pub accepts_excluded_ids: bool,
+}
+
+/// The tools of a runtime, by name.
+#[derive(Default, Clone)]
+pub struct ToolRegistry {
+    tools: HashMap<String, Arc<RegisteredTool>>,
+}
+
+impl ToolRegistry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers `tool`, compiling its schema. Remote `$ref`s are never fetched.
+    pub fn register(&mut self, tool: Arc<dyn Tool>) -> Result<(), RegistryError> {
+        let name = tool.name().to_owned();
+        if self.tools.contains_key(&name) {
+            return Err(RegistryError::Duplicate(name));
+        }
+        let schema = tool.parameters();
+        let validator =
+            jsonschema::validator_for(&schema).map_err(|error| RegistryError::BadSchema {
+                name: name.clone(),
+                message: error.to_string(),
+            })?;
+        let accepts_excluded_ids = schema.pointer("/properties/excluded_ids").is_some();
+        self.tools.insert(
+            name,
+            Arc::new(RegisteredTool {
+                tool,
+                validator,
+                accepts_excluded_ids,
+            }),
+        );
+        Ok(())
+    }
+
+    /// Registers `tool`, builder style.
+    pub fn with(mut self, tool: Arc<dyn Tool>) -> Result<Self, RegistryError> {
+        self.register(tool)?;
+        Ok(self)
+    }
+
+    /// The tool called `name`.
+    pub fn get(&self, name: &str) -> Option<&Arc<RegisteredTool>> {
+        self.tools.get(name)
+    }
+
+    /// Names of all tools, sorted.
+    pub fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.tools.keys().cloned().collect();
+        names.sort();
+        names
+    }
+
+    /// The definition offered to the model for `name`.
+    pub fn definition(&self, name: &str) -> Option<ToolDefinition> {
+        self.tools.get(name).map(|registered| ToolDefinition {
+            name: name.to_owned(),
+            description: registered.tool.description().to_owned(),
+            parameters: registered.tool.parameters(),
+        })
+    }
+}

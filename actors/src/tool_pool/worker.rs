@@ -1,0 +1,249 @@
+//! ToolWorker: runs one call at a time through the hook chain. It owns the wait on
+//! the tool (that is what workers exist for) and reports to its pool when done. A
+//! panicking tool kills the worker; the pool answers the call and replaces it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info_span};
+
+use crate::hooks::{Admission, HookChain, HookContext, RunLedger};
+use crate::metrics;
+use crate::protocol::{Fragment, RunId, ToolCall, ToolExecutionRecord, ToolOutcome};
+use crate::tool::{ToolContext, ToolRegistry};
+use crate::tool_pool::ToolPoolMsg;
+
+/// A call to execute, as the worker sees it.
+#[derive(Clone)]
+pub struct WorkItem {
+    /// The run.
+    pub run_id: RunId,
+    /// The turn.
+    pub turn: u32,
+    /// The call's position in the turn, part of its idempotency key.
+    pub index: usize,
+    /// The call as the model asked for it.
+    pub call: ToolCall,
+    /// The run's hook state.
+    pub ledger: Arc<RunLedger>,
+    /// The run's cancellation.
+    pub cancel: CancellationToken,
+}
+
+/// The result of one call, with everything the session commits.
+#[derive(Debug, Clone)]
+pub struct ToolResult {
+    /// The turn.
+    pub turn: u32,
+    /// The call's position in the turn.
+    pub index: usize,
+    /// The call as the model asked for it.
+    pub call: ToolCall,
+    /// What became of it.
+    pub outcome: ToolOutcome,
+    /// Its telemetry.
+    pub record: ToolExecutionRecord,
+    /// Whether this call got its tool blocked.
+    pub newly_blocked: bool,
+    /// Documents first seen in this result.
+    pub new_documents: Vec<Fragment>,
+    /// A short human line for the `reasoning_step` event.
+    pub summary: String,
+}
+
+/// What every worker shares: the tools, the hooks and the default time limit.
+pub struct PoolShared {
+    /// The tools.
+    pub registry: ToolRegistry,
+    /// The hook chain.
+    pub chain: HookChain,
+    /// Time limit for tools that set none.
+    pub default_timeout: Duration,
+}
+
+/// Messages a worker takes.
+pub enum ToolWorkerMsg {
+    /// Execute a call and report to the pool.
+    Run(WorkItem),
+}
+
+/// A worker; read-only.
+pub struct ToolWorker {
+    /// Shared tools and hooks.
+    pub shared: Arc<PoolShared>,
+    /// The pool to report to.
+    pub pool: ActorRef<ToolPoolMsg>,
+}
+
+impl Actor for ToolWorker {
+    type Msg = ToolWorkerMsg;
+    type State = ();
+    type Arguments = ();
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<ToolWorkerMsg>,
+        _: (),
+    ) -> Result<(), ActorProcessingErr> {
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<ToolWorkerMsg>,
+        message: ToolWorkerMsg,
+        _state: &mut (),
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            ToolWorkerMsg::Run(work) => {
+                let span = info_span!("tool_call", run_id = %work.run_id, tool = %work.call.name, turn = work.turn);
+                let result = execute(&self.shared, work).instrument(span).await;
+                // The pool is gone only at shutdown; the result then has nobody to go to.
+                let _ = self.pool.cast(ToolPoolMsg::Done {
+                    worker: myself.get_id(),
+                    result: Box::new(result),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs `work` through the hook chain and the tool.
+pub async fn execute(shared: &PoolShared, work: WorkItem) -> ToolResult {
+    let started_at = Utc::now();
+    let clock = Instant::now();
+    let registered = shared.registry.get(&work.call.name);
+    let context = HookContext {
+        run_id: work.run_id,
+        turn: work.turn,
+        tool: registered.map(Arc::as_ref),
+        ledger: &work.ledger,
+        config: &shared.chain.config,
+    };
+    let (outcome, cost_usd) = match (shared.chain.before(&context, &work.call).await, registered) {
+        (Admission::Skip(outcome), _) => (outcome, 0.0),
+        (Admission::Run(_), None) => (ToolOutcome::failed("unknown_tool", "no such tool"), 0.0),
+        (Admission::Run(args), Some(registered)) => {
+            let tool = &registered.tool;
+            let tool_context = ToolContext {
+                run_id: work.run_id,
+                turn: work.turn,
+                call_id: work.call.call_id.clone(),
+                idempotency_key: idempotency_key(work.run_id, work.turn, work.index),
+                cancel: work.cancel.clone(),
+            };
+            let limit = tool.timeout().unwrap_or(shared.default_timeout);
+            tokio::select! {
+                _ = work.cancel.cancelled() => (ToolOutcome::Interrupted, 0.0),
+                result = tokio::time::timeout(limit, tool.call(tool_context, args)) => match result {
+                    Ok(Ok(output)) => (ToolOutcome::Ok { value: output.value, fragments: output.fragments }, output.cost_usd),
+                    Ok(Err(error)) => (error.into_outcome(), 0.0),
+                    Err(_) => (ToolOutcome::failed("timeout", format!("no result after {limit:?}")), 0.0),
+                },
+            }
+        }
+    };
+    let outcome = shared.chain.after(&context, &work.call, outcome).await;
+    finish(
+        shared,
+        &work,
+        outcome,
+        started_at,
+        clock.elapsed(),
+        cost_usd,
+    )
+}
+
+/// The deterministic idempotency key of call `index` of `turn`.
+pub fn idempotency_key(run_id: RunId, turn: u32, index: usize) -> String {
+    format!("{run_id}:{turn}:{index}")
+}
+
+/// Books a finished call (rule 5 of the hook chain) and builds its result. Also used
+/// by the pool for calls whose worker crashed.
+pub fn finish(
+    shared: &PoolShared,
+    work: &WorkItem,
+    outcome: ToolOutcome,
+    started_at: DateTime<Utc>,
+    elapsed: Duration,
+    cost_usd: f64,
+) -> ToolResult {
+    let call = &work.call;
+    let status = outcome.status();
+    let error = match &outcome {
+        ToolOutcome::Ok { .. } => None,
+        ToolOutcome::Failed { code, .. } => Some(code.clone()),
+        ToolOutcome::Skipped { reason, .. } => Some(reason.as_str().to_owned()),
+        ToolOutcome::Interrupted => Some("interrupted".to_owned()),
+    };
+    let config = &shared.chain.config;
+    let newly_blocked = work.ledger.record(
+        work.turn,
+        &call.name,
+        &call.call_id,
+        &call.args,
+        status,
+        error.as_deref(),
+        config,
+    );
+    let new_documents = match &outcome {
+        ToolOutcome::Ok { fragments, .. } => work.ledger.add_documents(fragments),
+        _ => Vec::new(),
+    };
+    let duration_ms = if matches!(outcome, ToolOutcome::Skipped { .. }) {
+        0
+    } else {
+        elapsed.as_millis() as u64
+    };
+    match &outcome {
+        ToolOutcome::Skipped { reason, .. } => metrics::tool_skipped(&call.name, reason.as_str()),
+        _ => metrics::tool_call(&call.name, status.as_str(), elapsed),
+    }
+    if newly_blocked {
+        metrics::tool_blocked(&call.name);
+    }
+    let registered = shared.registry.get(&call.name);
+    let summary = match registered {
+        Some(registered) => registered.tool.describe_end(&outcome),
+        None => format!("{} is not a known tool", call.name),
+    };
+    debug!(run_id = %work.run_id, tool = %call.name, status = status.as_str(), duration_ms, "tool call finished");
+    let record = ToolExecutionRecord {
+        run: work.run_id,
+        turn: work.turn,
+        call_id: call.call_id.clone(),
+        tool: call.name.clone(),
+        args: call.args.clone(),
+        started_at,
+        duration_ms,
+        cost_usd,
+        result_summary: summarize(&outcome),
+        fragments_added: new_documents.len(),
+        status,
+        error,
+    };
+    ToolResult {
+        turn: work.turn,
+        index: work.index,
+        call: call.clone(),
+        outcome,
+        record,
+        newly_blocked,
+        new_documents,
+        summary,
+    }
+}
+
+/// At most 200 characters of the outcome's model text.
+fn summarize(outcome: &ToolOutcome) -> String {
+    let text = outcome.to_model_text();
+    match text.char_indices().nth(200) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text,
+    }
+}
