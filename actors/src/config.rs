@@ -23,10 +23,7 @@ pub struct RestartPolicy {
 
 impl Default for RestartPolicy {
     fn default() -> Self {
-        Self {
-            max_restarts: 3,
-            period: Duration::from_secs(60),
-        }
+        Self { max_restarts: 3, period: Duration::from_secs(60) }
     }
 }
 
@@ -106,11 +103,7 @@ pub struct AgentConfig {
 
 impl AgentConfig {
     /// An agent with default limits and the rule-based reviewer.
-    pub fn new(
-        name: impl Into<String>,
-        instructions: impl Into<String>,
-        tools: Vec<String>,
-    ) -> Self {
+    pub fn new(name: impl Into<String>, instructions: impl Into<String>, tools: Vec<String>) -> Self {
         Self {
             name: name.into(),
             instructions: instructions.into(),

@@ -26,17 +26,12 @@ pub struct EventHub {
 impl EventHub {
     /// A hub whose channels buffer `capacity` events per run.
     pub fn new(capacity: usize) -> Self {
-        Self {
-            channels: DashMap::new(),
-            capacity: capacity.max(1),
-        }
+        Self { channels: DashMap::new(), capacity: capacity.max(1) }
     }
 
     /// Whether anyone listens to `run_id` (publishing is free otherwise).
     pub fn has_subscribers(&self, run_id: RunId) -> bool {
-        self.channels
-            .get(&run_id)
-            .is_some_and(|sender| sender.receiver_count() > 0)
+        self.channels.get(&run_id).is_some_and(|sender| sender.receiver_count() > 0)
     }
 
     /// Sends committed events to the run's live subscribers.
@@ -55,15 +50,11 @@ impl EventHub {
     }
 
     fn receiver(&self, run_id: RunId) -> broadcast::Receiver<RunEvent> {
-        self.channels
-            .entry(run_id)
-            .or_insert_with(|| broadcast::channel(self.capacity).0)
-            .subscribe()
+        self.channels.entry(run_id).or_insert_with(|| broadcast::channel(self.capacity).0).subscribe()
     }
 
     fn release(&self, run_id: RunId) {
-        self.channels
-            .remove_if(&run_id, |_, sender| sender.receiver_count() == 0);
+        self.channels.remove_if(&run_id, |_, sender| sender.receiver_count() == 0);
     }
 }
 
@@ -90,16 +81,8 @@ pub fn subscribe(
 ) -> BoxStream<'static, Result<RunEvent, StoreError>> {
     // Subscribe before the first store read so nothing committed in between is missed.
     let receiver = Some(hub.receiver(run_id));
-    let cursor = Cursor {
-        run_id,
-        last: after,
-        backlog: VecDeque::new(),
-        receiver,
-        store,
-        hub,
-        stale: true,
-        ended: false,
-    };
+    let cursor =
+        Cursor { run_id, last: after, backlog: VecDeque::new(), receiver, store, hub, stale: true, ended: false };
     Box::pin(stream::unfold(cursor, |mut cursor| async move {
         match cursor.next().await {
             Ok(Some(event)) => Some((Ok(event), cursor)),
@@ -160,10 +143,7 @@ impl Cursor {
 
     /// Loads the next batch from the store; false when there was nothing new.
     async fn refill(&mut self) -> Result<bool, StoreError> {
-        let batch = self
-            .store
-            .events_after(self.run_id, self.last, REPLAY_BATCH)
-            .await?;
+        let batch = self.store.events_after(self.run_id, self.last, REPLAY_BATCH).await?;
         let found = !batch.is_empty();
         self.backlog.extend(batch);
         Ok(found)

@@ -20,9 +20,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::protocol::{
-    CallStatus, Fragment, RunId, SkipReason, ToolCall, ToolExecutionRecord, ToolOutcome,
-};
+use crate::protocol::{CallStatus, Fragment, RunId, SkipReason, ToolCall, ToolExecutionRecord, ToolOutcome};
 use crate::tool::RegisteredTool;
 
 /// What a hook decides before a call.
@@ -81,12 +79,7 @@ pub trait ToolHook: Send + Sync + 'static {
     }
 
     /// Runs after the tool, before the outcome is recorded. Default: keep.
-    async fn after_call(
-        &self,
-        _context: &HookContext<'_>,
-        _call: &ToolCall,
-        _outcome: &ToolOutcome,
-    ) -> AfterCall {
+    async fn after_call(&self, _context: &HookContext<'_>, _call: &ToolCall, _outcome: &ToolOutcome) -> AfterCall {
         AfterCall::Keep
     }
 }
@@ -107,11 +100,7 @@ pub struct HookConfig {
 
 impl Default for HookConfig {
     fn default() -> Self {
-        Self {
-            failure_threshold: 3,
-            cooldown_turns: 2,
-            dedupe_window_turns: None,
-        }
+        Self { failure_threshold: 3, cooldown_turns: 2, dedupe_window_turns: None }
     }
 }
 
@@ -123,12 +112,7 @@ pub fn canonical_json(value: &Value) -> String {
             Value::Object(map) => {
                 let mut entries: Vec<(&String, &Value)> = map.iter().collect();
                 entries.sort_by(|a, b| a.0.cmp(b.0));
-                Value::Object(
-                    entries
-                        .into_iter()
-                        .map(|(k, v)| (k.clone(), sorted(v)))
-                        .collect(),
-                )
+                Value::Object(entries.into_iter().map(|(k, v)| (k.clone(), sorted(v))).collect())
             }
             Value::Array(items) => Value::Array(items.iter().map(sorted).collect()),
             other => other.clone(),
@@ -165,11 +149,7 @@ impl RunLedger {
     }
 
     /// The ledger of a resumed run, replayed from its records and documents.
-    pub fn rebuild(
-        records: &[ToolExecutionRecord],
-        documents: &[Fragment],
-        config: &HookConfig,
-    ) -> Self {
+    pub fn rebuild(records: &[ToolExecutionRecord], documents: &[Fragment], config: &HookConfig) -> Self {
         let ledger = Self::new();
         for record in records {
             ledger.record(
@@ -189,17 +169,12 @@ impl RunLedger {
     fn lock(&self) -> std::sync::MutexGuard<'_, LedgerState> {
         // Critical sections cannot panic halfway through a change, so a poisoned
         // lock still guards consistent data.
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Whether `tool` is blocked in `turn`.
     pub fn is_blocked(&self, tool: &str, turn: u32) -> bool {
-        self.lock()
-            .blocked_until
-            .get(tool)
-            .is_some_and(|until| turn < *until)
+        self.lock().blocked_until.get(tool).is_some_and(|until| turn < *until)
     }
 
     /// Tools blocked in `turn`, sorted.
@@ -216,13 +191,7 @@ impl RunLedger {
     }
 
     /// The first successful identical call within the window, as (turn, call id).
-    pub fn earlier_success(
-        &self,
-        tool: &str,
-        args: &Value,
-        turn: u32,
-        window: Option<u32>,
-    ) -> Option<(u32, String)> {
+    pub fn earlier_success(&self, tool: &str, args: &Value, turn: u32, window: Option<u32>) -> Option<(u32, String)> {
         let key = (tool.to_owned(), canonical_json(args));
         let state = self.lock();
         let (earlier_turn, call_id) = state.successes.get(&key)?;
@@ -232,11 +201,7 @@ impl RunLedger {
 
     /// Ids of the documents seen so far.
     pub fn seen_ids(&self) -> Vec<String> {
-        self.lock()
-            .seen
-            .iter()
-            .map(|fragment| fragment.id.clone())
-            .collect()
+        self.lock().seen.iter().map(|fragment| fragment.id.clone()).collect()
     }
 
     /// Adds documents; returns the ones not seen before.
@@ -339,11 +304,7 @@ impl ToolHook for ValidateArgs {
             .take(5)
             .map(|error| {
                 let path = error.instance_path().to_string();
-                let path = if path.is_empty() {
-                    "/".to_owned()
-                } else {
-                    path
-                };
+                let path = if path.is_empty() { "/".to_owned() } else { path };
                 format!("{path}: {error}")
             })
             .collect();
@@ -353,11 +314,7 @@ impl ToolHook for ValidateArgs {
                 detail: format!("arguments do not match the schema: {}", problems.join("; ")),
             };
         }
-        if parsed {
-            BeforeCall::Rewrite(args)
-        } else {
-            BeforeCall::Run
-        }
+        if parsed { BeforeCall::Rewrite(args) } else { BeforeCall::Run }
     }
 }
 
@@ -395,10 +352,7 @@ impl ToolHook for DuplicateCalls {
 
     async fn before_call(&self, context: &HookContext<'_>, call: &ToolCall) -> BeforeCall {
         let window = context.config.dedupe_window_turns;
-        match context
-            .ledger
-            .earlier_success(&call.name, &call.args, context.turn, window)
-        {
+        match context.ledger.earlier_success(&call.name, &call.args, context.turn, window) {
             Some((turn, call_id)) => BeforeCall::Skip {
                 reason: SkipReason::Duplicate,
                 detail: format!(
@@ -420,9 +374,7 @@ impl ToolHook for SeenDocuments {
     }
 
     async fn before_call(&self, context: &HookContext<'_>, call: &ToolCall) -> BeforeCall {
-        let accepts = context
-            .tool
-            .is_some_and(|registered| registered.accepts_excluded_ids);
+        let accepts = context.tool.is_some_and(|registered| registered.accepts_excluded_ids);
         let seen = context.ledger.seen_ids();
         if !accepts || seen.is_empty() {
             return BeforeCall::Run;
@@ -431,11 +383,7 @@ impl ToolHook for SeenDocuments {
         let Some(object) = args.as_object_mut() else {
             return BeforeCall::Run;
         };
-        let mut ids: Vec<Value> = object
-            .get("excluded_ids")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
+        let mut ids: Vec<Value> = object.get("excluded_ids").and_then(Value::as_array).cloned().unwrap_or_default();
         for id in seen {
             let id = Value::String(id);
             if !ids.contains(&id) {
@@ -467,12 +415,8 @@ pub enum Admission {
 impl HookChain {
     /// The built-in hooks followed by `extra`.
     pub fn new(config: HookConfig, extra: Vec<Arc<dyn ToolHook>>) -> Self {
-        let mut hooks: Vec<Arc<dyn ToolHook>> = vec![
-            Arc::new(ValidateArgs),
-            Arc::new(BlockedTools),
-            Arc::new(DuplicateCalls),
-            Arc::new(SeenDocuments),
-        ];
+        let mut hooks: Vec<Arc<dyn ToolHook>> =
+            vec![Arc::new(ValidateArgs), Arc::new(BlockedTools), Arc::new(DuplicateCalls), Arc::new(SeenDocuments)];
         hooks.extend(extra);
         Self { hooks, config }
     }
@@ -488,10 +432,7 @@ impl HookChain {
                     return Admission::Skip(ToolOutcome::Skipped { reason, detail });
                 }
                 BeforeCall::Deny { reason } => {
-                    return Admission::Skip(ToolOutcome::Skipped {
-                        reason: SkipReason::Denied,
-                        detail: reason,
-                    });
+                    return Admission::Skip(ToolOutcome::Skipped { reason: SkipReason::Denied, detail: reason });
                 }
             }
         }
@@ -499,16 +440,10 @@ impl HookChain {
     }
 
     /// Runs the after-hooks (rule 4).
-    pub async fn after(
-        &self,
-        context: &HookContext<'_>,
-        call: &ToolCall,
-        outcome: ToolOutcome,
-    ) -> ToolOutcome {
+    pub async fn after(&self, context: &HookContext<'_>, call: &ToolCall, outcome: ToolOutcome) -> ToolOutcome {
         let mut current = outcome;
         for hook in &self.hooks {
-            if let AfterCall::Replace(replacement) = hook.after_call(context, call, &current).await
-            {
+            if let AfterCall::Replace(replacement) = hook.after_call(context, call, &current).await {
                 current = replacement;
             }
         }
@@ -531,18 +466,10 @@ mod tests {
         async fn before_call(&self, _context: &HookContext<'_>, _call: &ToolCall) -> BeforeCall {
             self.1.clone()
         }
-        async fn after_call(
-            &self,
-            _context: &HookContext<'_>,
-            _call: &ToolCall,
-            outcome: &ToolOutcome,
-        ) -> AfterCall {
+        async fn after_call(&self, _context: &HookContext<'_>, _call: &ToolCall, outcome: &ToolOutcome) -> AfterCall {
             match outcome {
                 ToolOutcome::Ok { value, .. } if value == &json!(1) => {
-                    AfterCall::Replace(ToolOutcome::Ok {
-                        value: json!(2),
-                        fragments: vec![],
-                    })
+                    AfterCall::Replace(ToolOutcome::Ok { value: json!(2), fragments: vec![] })
                 }
                 _ => AfterCall::Keep,
             }
@@ -550,55 +477,26 @@ mod tests {
     }
 
     fn call(args: Value) -> ToolCall {
-        ToolCall {
-            call_id: "c1".into(),
-            name: "nope".into(),
-            args,
-        }
+        ToolCall { call_id: "c1".into(), name: "nope".into(), args }
     }
 
     fn bare_chain(hooks: Vec<Arc<dyn ToolHook>>) -> HookChain {
-        HookChain {
-            hooks,
-            config: HookConfig::default(),
-        }
+        HookChain { hooks, config: HookConfig::default() }
     }
 
     fn context<'a>(ledger: &'a RunLedger, config: &'a HookConfig) -> HookContext<'a> {
-        HookContext {
-            run_id: RunId::new(),
-            turn: 1,
-            tool: None,
-            ledger,
-            config,
-        }
+        HookContext { run_id: RunId::new(), turn: 1, tool: None, ledger, config }
     }
 
     #[tokio::test]
     async fn deny_short_circuits_later_hooks() {
         let chain = bare_chain(vec![
-            Arc::new(Named(
-                "deny",
-                BeforeCall::Deny {
-                    reason: "policy".into(),
-                },
-            )),
-            Arc::new(Named(
-                "skip",
-                BeforeCall::Skip {
-                    reason: SkipReason::Blocked,
-                    detail: "never".into(),
-                },
-            )),
+            Arc::new(Named("deny", BeforeCall::Deny { reason: "policy".into() })),
+            Arc::new(Named("skip", BeforeCall::Skip { reason: SkipReason::Blocked, detail: "never".into() })),
         ]);
         let (ledger, config) = (RunLedger::new(), HookConfig::default());
-        let admission = chain
-            .before(&context(&ledger, &config), &call(json!({})))
-            .await;
-        assert_eq!(
-            admission,
-            Admission::Skip(ToolOutcome::skipped(SkipReason::Denied, "policy"))
-        );
+        let admission = chain.before(&context(&ledger, &config), &call(json!({}))).await;
+        assert_eq!(admission, Admission::Skip(ToolOutcome::skipped(SkipReason::Denied, "policy")));
     }
 
     #[tokio::test]
@@ -609,9 +507,7 @@ mod tests {
             Arc::new(Named("b", BeforeCall::Rewrite(json!({"b": 2})))),
         ]);
         let (ledger, config) = (RunLedger::new(), HookConfig::default());
-        let admission = chain
-            .before(&context(&ledger, &config), &call(json!({})))
-            .await;
+        let admission = chain.before(&context(&ledger, &config), &call(json!({}))).await;
         assert_eq!(admission, Admission::Run(json!({"b": 2})));
     }
 
@@ -620,31 +516,17 @@ mod tests {
         let chain = bare_chain(vec![Arc::new(Named("r", BeforeCall::Run))]);
         let (ledger, config) = (RunLedger::new(), HookConfig::default());
         let outcome = chain
-            .after(
-                &context(&ledger, &config),
-                &call(json!({})),
-                ToolOutcome::Ok {
-                    value: json!(1),
-                    fragments: vec![],
-                },
-            )
+            .after(&context(&ledger, &config), &call(json!({})), ToolOutcome::Ok { value: json!(1), fragments: vec![] })
             .await;
-        assert_eq!(
-            outcome,
-            ToolOutcome::Ok {
-                value: json!(2),
-                fragments: vec![]
-            }
-        );
+        assert_eq!(outcome, ToolOutcome::Ok { value: json!(2), fragments: vec![] });
     }
 
     #[tokio::test]
     async fn unknown_tool_is_invalid_args() {
         let chain = HookChain::new(HookConfig::default(), vec![]);
         let (ledger, config) = (RunLedger::new(), HookConfig::default());
-        let Admission::Skip(ToolOutcome::Skipped { reason, detail }) = chain
-            .before(&context(&ledger, &config), &call(json!({})))
-            .await
+        let Admission::Skip(ToolOutcome::Skipped { reason, detail }) =
+            chain.before(&context(&ledger, &config), &call(json!({}))).await
         else {
             panic!("expected a skip");
         };
@@ -662,68 +544,21 @@ mod tests {
 
     #[test]
     fn strikes_block_then_cool_down_half_open() {
-        let config = HookConfig {
-            failure_threshold: 3,
-            cooldown_turns: 2,
-            dedupe_window_turns: None,
-        };
+        let config = HookConfig { failure_threshold: 3, cooldown_turns: 2, dedupe_window_turns: None };
         let ledger = RunLedger::new();
         let args = json!({});
-        assert!(!ledger.record(
-            1,
-            "x",
-            "a",
-            &args,
-            CallStatus::Failed,
-            Some("boom"),
-            &config
-        ));
-        assert!(!ledger.record(
-            1,
-            "x",
-            "b",
-            &args,
-            CallStatus::Failed,
-            Some("boom"),
-            &config
-        ));
-        assert!(ledger.record(
-            2,
-            "x",
-            "c",
-            &args,
-            CallStatus::Failed,
-            Some("boom"),
-            &config
-        ));
+        assert!(!ledger.record(1, "x", "a", &args, CallStatus::Failed, Some("boom"), &config));
+        assert!(!ledger.record(1, "x", "b", &args, CallStatus::Failed, Some("boom"), &config));
+        assert!(ledger.record(2, "x", "c", &args, CallStatus::Failed, Some("boom"), &config));
         assert!(ledger.is_blocked("x", 3) && ledger.is_blocked("x", 4));
+        assert!(!ledger.is_blocked("x", 5), "offered again after the cooldown");
         assert!(
-            !ledger.is_blocked("x", 5),
-            "offered again after the cooldown"
-        );
-        assert!(
-            ledger.record(
-                5,
-                "x",
-                "d",
-                &args,
-                CallStatus::Failed,
-                Some("boom"),
-                &config
-            ),
+            ledger.record(5, "x", "d", &args, CallStatus::Failed, Some("boom"), &config),
             "one more failure re-blocks"
         );
         ledger.record(9, "x", "e", &args, CallStatus::Completed, None, &config);
         assert!(
-            !ledger.record(
-                9,
-                "x",
-                "f",
-                &args,
-                CallStatus::Failed,
-                Some("boom"),
-                &config
-            ),
+            !ledger.record(9, "x", "f", &args, CallStatus::Failed, Some("boom"), &config),
             "a success resets the count"
         );
     }
@@ -732,23 +567,9 @@ mod tests {
     fn dedupe_window_limits_how_far_back_a_success_counts() {
         let config = HookConfig::default();
         let ledger = RunLedger::new();
-        ledger.record(
-            1,
-            "x",
-            "a",
-            &json!({"q": 1}),
-            CallStatus::Completed,
-            None,
-            &config,
-        );
-        assert_eq!(
-            ledger.earlier_success("x", &json!({"q": 1}), 5, None),
-            Some((1, "a".into()))
-        );
-        assert_eq!(
-            ledger.earlier_success("x", &json!({"q": 1}), 5, Some(2)),
-            None
-        );
+        ledger.record(1, "x", "a", &json!({"q": 1}), CallStatus::Completed, None, &config);
+        assert_eq!(ledger.earlier_success("x", &json!({"q": 1}), 5, None), Some((1, "a".into())));
+        assert_eq!(ledger.earlier_success("x", &json!({"q": 1}), 5, Some(2)), None);
         assert_eq!(ledger.earlier_success("x", &json!({"q": 2}), 1, None), None);
     }
 }

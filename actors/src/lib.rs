@@ -39,9 +39,10 @@ pub mod supervisor;
 pub mod tool;
 pub mod tool_pool;
 
-#[cfg(feature = "testing")]
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
-pub use runtime::{
-    CancelError, Deps, InputError, Runtime, RuntimeError, SubmitError, SubmitRequest,
-};
+#[cfg(test)]
+mod tests;
+
+pub use runtime::{CancelError, Deps, InputError, Runtime, RuntimeError, SubmitError, SubmitRequest};

@@ -45,22 +45,12 @@ pub struct Message {
 impl Message {
     /// A message with text only.
     pub fn text(role: Role, content: impl Into<String>) -> Self {
-        Self {
-            role,
-            content: content.into(),
-            tool_calls: Vec::new(),
-            tool_call_id: None,
-        }
+        Self { role, content: content.into(), tool_calls: Vec::new(), tool_call_id: None }
     }
 
     /// A tool result answering `call_id`.
     pub fn tool_result(call_id: impl Into<String>, content: impl Into<String>) -> Self {
-        Self {
-            role: Role::Tool,
-            content: content.into(),
-            tool_calls: Vec::new(),
-            tool_call_id: Some(call_id.into()),
-        }
+        Self { role: Role::Tool, content: content.into(), tool_calls: Vec::new(), tool_call_id: Some(call_id.into()) }
     }
 }
 
@@ -199,10 +189,7 @@ pub struct ModelRegistry {
 impl ModelRegistry {
     /// A registry whose every lookup falls back to `default`.
     pub fn new(default: Arc<dyn ModelClient>) -> Self {
-        Self {
-            default,
-            named: HashMap::new(),
-        }
+        Self { default, named: HashMap::new() }
     }
 
     /// Adds a model under `name`.

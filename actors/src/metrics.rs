@@ -49,9 +49,8 @@ pub const ACTOR_RESTARTS_TOTAL: &str = "troupe_actor_restarts_total";
 pub const SUPERVISOR_MELTDOWNS_TOTAL: &str = "troupe_supervisor_meltdowns_total";
 
 /// Buckets (seconds) for every duration histogram.
-pub const DURATION_BUCKETS: &[f64] = &[
-    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
-];
+pub const DURATION_BUCKETS: &[f64] =
+    &[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0];
 
 /// Buckets for review scores in 0..=1.
 pub const SCORE_BUCKETS: &[f64] = &[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0];
@@ -111,28 +110,18 @@ pub fn tool_queue_depth(depth: usize) {
 /// A model request ended with `status` after `elapsed`.
 pub fn model_request(model: &str, status: &'static str, elapsed: Duration) {
     counter!(MODEL_REQUESTS_TOTAL, "model" => model.to_owned(), "status" => status).increment(1);
-    histogram!(MODEL_REQUEST_DURATION_SECONDS, "model" => model.to_owned())
-        .record(elapsed.as_secs_f64());
+    histogram!(MODEL_REQUEST_DURATION_SECONDS, "model" => model.to_owned()).record(elapsed.as_secs_f64());
 }
 
 /// Tokens and cost of one model request.
 pub fn model_usage(model: &str, input_tokens: u64, output_tokens: u64, cost_usd: f64) {
-    counter!(MODEL_TOKENS_TOTAL, "model" => model.to_owned(), "direction" => "input")
-        .increment(input_tokens);
-    counter!(MODEL_TOKENS_TOTAL, "model" => model.to_owned(), "direction" => "output")
-        .increment(output_tokens);
-    counter!(COST_MICRODOLLARS_TOTAL, "model" => model.to_owned())
-        .increment((cost_usd * 1e6).round() as u64);
+    counter!(MODEL_TOKENS_TOTAL, "model" => model.to_owned(), "direction" => "input").increment(input_tokens);
+    counter!(MODEL_TOKENS_TOTAL, "model" => model.to_owned(), "direction" => "output").increment(output_tokens);
+    counter!(COST_MICRODOLLARS_TOTAL, "model" => model.to_owned()).increment((cost_usd * 1e6).round() as u64);
 }
 
 /// A review was made.
-pub fn review(
-    recommendation: &'static str,
-    degraded: bool,
-    quality: f64,
-    completeness: f64,
-    relevance: f64,
-) {
+pub fn review(recommendation: &'static str, degraded: bool, quality: f64, completeness: f64, relevance: f64) {
     let status = if degraded { "degraded" } else { "ok" };
     counter!(REVIEWS_TOTAL, "recommendation" => recommendation, "status" => status).increment(1);
     histogram!(REVIEW_SCORE, "dimension" => "quality").record(quality);

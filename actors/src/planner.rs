@@ -92,11 +92,7 @@ impl Actor for Planner {
     /// The plan restored from the store (empty for a new run).
     type Arguments = Plan;
 
-    async fn pre_start(
-        &self,
-        _myself: ActorRef<PlannerMsg>,
-        plan: Plan,
-    ) -> Result<PlannerState, ActorProcessingErr> {
+    async fn pre_start(&self, _myself: ActorRef<PlannerMsg>, plan: Plan) -> Result<PlannerState, ActorProcessingErr> {
         Ok(PlannerState { plan })
     }
 
@@ -125,10 +121,7 @@ impl Actor for Planner {
 impl Planner {
     fn accept(&self, state: &mut PlannerState, items: Vec<TodoItem>) -> Result<Plan, PlanError> {
         validate(&items, self.config.max_items)?;
-        state.plan = Plan {
-            version: state.plan.version + 1,
-            items,
-        };
+        state.plan = Plan { version: state.plan.version + 1, items };
         Ok(state.plan.clone())
     }
 }
@@ -136,10 +129,7 @@ impl Planner {
 /// Checks the task-list rules.
 pub fn validate(items: &[TodoItem], max_items: usize) -> Result<(), PlanError> {
     if items.len() > max_items {
-        return Err(PlanError::TooMany {
-            count: items.len(),
-            max: max_items,
-        });
+        return Err(PlanError::TooMany { count: items.len(), max: max_items });
     }
     let mut ids = HashSet::new();
     for item in items {
@@ -147,11 +137,8 @@ pub fn validate(items: &[TodoItem], max_items: usize) -> Result<(), PlanError> {
             return Err(PlanError::DuplicateId(item.id.clone()));
         }
     }
-    let in_progress: Vec<String> = items
-        .iter()
-        .filter(|item| item.status == TaskStatus::InProgress)
-        .map(|item| item.id.clone())
-        .collect();
+    let in_progress: Vec<String> =
+        items.iter().filter(|item| item.status == TaskStatus::InProgress).map(|item| item.id.clone()).collect();
     if in_progress.len() > 1 {
         return Err(PlanError::SeveralInProgress(in_progress));
     }
@@ -161,33 +148,23 @@ pub fn validate(items: &[TodoItem], max_items: usize) -> Result<(), PlanError> {
 /// Reads `{"todos": [...]}`. Ids may be strings or numbers; content must not be empty.
 pub fn parse_todos(args: &Value) -> Result<Vec<TodoItem>, PlanError> {
     let args = match args {
-        Value::String(text) => serde_json::from_str(text).map_err(|error| {
-            PlanError::Malformed(format!("arguments are not valid JSON: {error}"))
-        })?,
+        Value::String(text) => serde_json::from_str(text)
+            .map_err(|error| PlanError::Malformed(format!("arguments are not valid JSON: {error}")))?,
         other => other.clone(),
     };
     let Some(todos) = args.get("todos").and_then(Value::as_array) else {
-        return Err(PlanError::Malformed(
-            "missing the \"todos\" array".to_owned(),
-        ));
+        return Err(PlanError::Malformed("missing the \"todos\" array".to_owned()));
     };
     let mut items = Vec::with_capacity(todos.len());
     for (index, todo) in todos.iter().enumerate() {
         let mut todo = todo.clone();
-        if let Some(id) = todo
-            .get("id")
-            .filter(|id| id.is_number())
-            .map(Value::to_string)
-        {
+        if let Some(id) = todo.get("id").filter(|id| id.is_number()).map(Value::to_string) {
             todo["id"] = Value::String(id);
         }
         let item: TodoItem = serde_json::from_value(todo)
             .map_err(|error| PlanError::Malformed(format!("task {}: {error}", index + 1)))?;
         if item.content.trim().is_empty() {
-            return Err(PlanError::Malformed(format!(
-                "task {}: content is empty",
-                index + 1
-            )));
+            return Err(PlanError::Malformed(format!("task {}: content is empty", index + 1)));
         }
         items.push(item);
     }
@@ -210,10 +187,9 @@ pub fn render(plan: &Plan) -> String {
         };
         text.push_str(&format!("{marker} [{}] {}", item.id, item.content));
         match (&item.status, &item.error, &item.result) {
-            (TaskStatus::Blocked, error, _) => text.push_str(&format!(
-                " (blocked{})",
-                error.as_ref().map(|e| format!(": {e}")).unwrap_or_default()
-            )),
+            (TaskStatus::Blocked, error, _) => {
+                text.push_str(&format!(" (blocked{})", error.as_ref().map(|e| format!(": {e}")).unwrap_or_default()))
+            }
             (_, Some(error), _) => text.push_str(&format!(" (error: {error})")),
             (_, None, Some(result)) => text.push_str(&format!(" (result: {result})")),
             _ => {}
@@ -261,15 +237,8 @@ mod tests {
     use super::*;
 
     async fn planner() -> ActorRef<PlannerMsg> {
-        let (planner, _) = Actor::spawn(
-            None,
-            Planner {
-                config: PlannerConfig::default(),
-            },
-            Plan::default(),
-        )
-        .await
-        .unwrap();
+        let (planner, _) =
+            Actor::spawn(None, Planner { config: PlannerConfig::default() }, Plan::default()).await.unwrap();
         planner
     }
 
@@ -280,16 +249,11 @@ mod tests {
             {"id": 1, "content": "find", "status": "in_progress"},
             {"id": "2", "content": "answer", "status": "pending"}
         ]});
-        let plan = ractor::call!(planner, |reply| PlannerMsg::Write { args, reply })
-            .unwrap()
-            .unwrap();
+        let plan = ractor::call!(planner, |reply| PlannerMsg::Write { args, reply }).unwrap().unwrap();
         assert_eq!(plan.version, 1);
         assert_eq!(plan.items[0].id, "1");
         let rendered = render(&plan);
-        assert!(
-            rendered.contains("→ [1] find") && rendered.contains("○ [2] answer"),
-            "{rendered}"
-        );
+        assert!(rendered.contains("→ [1] find") && rendered.contains("○ [2] answer"), "{rendered}");
     }
 
     #[tokio::test]
@@ -305,19 +269,11 @@ mod tests {
                 json!({"todos": [{"id": "a", "content": "x", "status": "in_progress"}, {"id": "b", "content": "y", "status": "in_progress"}]}),
                 "at most one",
             ),
-            (
-                json!({"todos": [{"id": "a", "content": "x", "status": "doing"}]}),
-                "task 1",
-            ),
+            (json!({"todos": [{"id": "a", "content": "x", "status": "doing"}]}), "task 1"),
             (json!("{not json"), "not valid JSON"),
         ] {
-            let error = ractor::call!(planner, |reply| PlannerMsg::Write { args, reply })
-                .unwrap()
-                .unwrap_err();
-            assert!(
-                error.to_string().contains(needle),
-                "{error} should mention {needle}"
-            );
+            let error = ractor::call!(planner, |reply| PlannerMsg::Write { args, reply }).unwrap().unwrap_err();
+            assert!(error.to_string().contains(needle), "{error} should mention {needle}");
         }
         let plan = ractor::call!(planner, |reply| PlannerMsg::Current { reply }).unwrap();
         assert_eq!(plan, Plan::default());

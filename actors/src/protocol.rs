@@ -56,12 +56,7 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Self {
-            max_turns: 15,
-            max_parallel_tools: 4,
-            max_tokens: None,
-            max_cost_usd: None,
-        }
+        Self { max_turns: 15, max_parallel_tools: 4, max_tokens: None, max_cost_usd: None }
     }
 }
 
@@ -162,10 +157,7 @@ pub struct Plan {
 impl Plan {
     /// How many tasks have `status`.
     pub fn count(&self, status: TaskStatus) -> usize {
-        self.items
-            .iter()
-            .filter(|item| item.status == status)
-            .count()
+        self.items.iter().filter(|item| item.status == status).count()
     }
 }
 
@@ -258,18 +250,12 @@ pub enum ToolOutcome {
 impl ToolOutcome {
     /// A failure with a code and a message.
     pub fn failed(code: impl Into<String>, message: impl Into<String>) -> Self {
-        Self::Failed {
-            code: code.into(),
-            message: message.into(),
-        }
+        Self::Failed { code: code.into(), message: message.into() }
     }
 
     /// A skip with a reason and a detail.
     pub fn skipped(reason: SkipReason, detail: impl Into<String>) -> Self {
-        Self::Skipped {
-            reason,
-            detail: detail.into(),
-        }
+        Self::Skipped { reason, detail: detail.into() }
     }
 
     /// The record status this outcome ends in.
@@ -290,8 +276,7 @@ impl ToolOutcome {
             Self::Failed { code, message } => format!("error ({code}): {message}"),
             Self::Skipped { reason, detail } => format!("skipped ({}): {detail}", reason.as_str()),
             Self::Interrupted => {
-                "interrupted: the call was cut off and was not repeated; check its effect before retrying"
-                    .to_owned()
+                "interrupted: the call was cut off and was not repeated; check its effect before retrying".to_owned()
             }
         }
     }
@@ -674,10 +659,7 @@ mod tests {
     #[test]
     fn outcome_text_names_the_reason() {
         let skipped = ToolOutcome::skipped(SkipReason::Duplicate, "same as call c1");
-        assert_eq!(
-            skipped.to_model_text(),
-            "skipped (duplicate): same as call c1"
-        );
+        assert_eq!(skipped.to_model_text(), "skipped (duplicate): same as call c1");
         assert_eq!(skipped.status(), CallStatus::Skipped);
     }
 }

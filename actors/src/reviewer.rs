@@ -17,9 +17,7 @@ use tracing::warn;
 
 use crate::config::ReviewerKind;
 use crate::llm::{ChatRequest, Message, ModelChunk, ModelClient, ModelRegistry, Role, ToolChoice};
-use crate::protocol::{
-    Plan, Recommendation, Review, ReviewStatus, SkipReason, TaskStatus, TodoItem,
-};
+use crate::protocol::{Plan, Recommendation, Review, ReviewStatus, SkipReason, TaskStatus, TodoItem};
 
 /// How one call of the turn ended, as the reviewer sees it.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -60,10 +58,7 @@ pub struct ReviewReply {
 impl ReviewReply {
     /// A reply for `input` that calls `send` exactly once.
     pub fn new(input: Arc<ReviewInput>, send: impl FnOnce(Review) + Send + 'static) -> Self {
-        Self {
-            input,
-            send: Some(Box::new(send)),
-        }
+        Self { input, send: Some(Box::new(send)) }
     }
 
     /// Sends `review`.
@@ -110,11 +105,7 @@ impl Actor for Reviewer {
     type State = ();
     type Arguments = ();
 
-    async fn pre_start(
-        &self,
-        _myself: ActorRef<ReviewerMsg>,
-        _: (),
-    ) -> Result<(), ActorProcessingErr> {
+    async fn pre_start(&self, _myself: ActorRef<ReviewerMsg>, _: ()) -> Result<(), ActorProcessingErr> {
         Ok(())
     }
 
@@ -125,21 +116,11 @@ impl Actor for Reviewer {
         _state: &mut (),
     ) -> Result<(), ActorProcessingErr> {
         match message {
-            ReviewerMsg::Review {
-                kind: ReviewerKind::RuleBased,
-                input,
-                reply,
-                ..
-            } => {
+            ReviewerMsg::Review { kind: ReviewerKind::RuleBased, input, reply, .. } => {
                 let review = rule_based(&input);
                 reply.send(review);
             }
-            ReviewerMsg::Review {
-                kind: ReviewerKind::Model { model },
-                agent_model,
-                input,
-                reply,
-            } => {
+            ReviewerMsg::Review { kind: ReviewerKind::Model { model }, agent_model, input, reply } => {
                 let name = model.or(agent_model);
                 let Some(client) = self.models.get(name.as_deref()) else {
                     reply.send(degraded(&input, "the reviewer's model is not configured"));
@@ -148,12 +129,7 @@ impl Actor for Reviewer {
                 let timeout = self.timeout;
                 // The model call is slow: it runs off the mailbox and answers the reply itself.
                 tokio::spawn(async move {
-                    let review = match tokio::time::timeout(
-                        timeout,
-                        model_review(client.as_ref(), &input),
-                    )
-                    .await
-                    {
+                    let review = match tokio::time::timeout(timeout, model_review(client.as_ref(), &input)).await {
                         Ok(Ok(review)) => review,
                         Ok(Err(why)) => {
                             warn!(turn = input.turn, %why, "model review failed; using the rules");
@@ -192,32 +168,20 @@ pub fn degraded(input: &ReviewInput, why: &str) -> Review {
 ///   turn where no call completed; `proceed` otherwise.
 pub fn rule_based(input: &ReviewInput) -> Review {
     let total = input.calls.len();
-    let count =
-        |pred: &dyn Fn(&CallSummary) -> bool| input.calls.iter().filter(|c| pred(c)).count();
+    let count = |pred: &dyn Fn(&CallSummary) -> bool| input.calls.iter().filter(|c| pred(c)).count();
     let completed = count(&|c| c.status == "completed");
     let hard = count(&|c| {
         matches!(c.status, "failed" | "interrupted")
             || matches!(c.skip, Some(SkipReason::InvalidArgs | SkipReason::Denied))
     });
     let soft = count(&|c| matches!(c.skip, Some(SkipReason::Duplicate | SkipReason::Blocked)));
-    let quality = if total == 0 {
-        1.0
-    } else {
-        1.0 - (0.5 * hard as f64 + 0.25 * soft as f64) / total as f64
-    };
+    let quality = if total == 0 { 1.0 } else { 1.0 - (0.5 * hard as f64 + 0.25 * soft as f64) / total as f64 };
 
     let plan = &input.plan;
-    let unfinished: Vec<&TodoItem> = plan
-        .items
-        .iter()
-        .filter(|i| matches!(i.status, TaskStatus::Pending | TaskStatus::InProgress))
-        .collect();
+    let unfinished: Vec<&TodoItem> =
+        plan.items.iter().filter(|i| matches!(i.status, TaskStatus::Pending | TaskStatus::InProgress)).collect();
     let completeness = if plan.items.is_empty() {
-        if input.final_answer.is_some() {
-            1.0
-        } else {
-            0.0
-        }
+        if input.final_answer.is_some() { 1.0 } else { 0.0 }
     } else {
         plan.count(TaskStatus::Completed) as f64 / plan.items.len() as f64
     };
@@ -229,23 +193,14 @@ pub fn rule_based(input: &ReviewInput) -> Review {
         None => 0.5,
     };
 
-    let mut gaps: Vec<String> = unfinished
-        .iter()
-        .map(|item| format!("task {} ({}) is not finished", item.id, item.content))
-        .collect();
-    for item in plan
-        .items
-        .iter()
-        .filter(|i| matches!(i.status, TaskStatus::Failed | TaskStatus::Blocked))
-    {
+    let mut gaps: Vec<String> =
+        unfinished.iter().map(|item| format!("task {} ({}) is not finished", item.id, item.content)).collect();
+    for item in plan.items.iter().filter(|i| matches!(i.status, TaskStatus::Failed | TaskStatus::Blocked)) {
         gaps.push(format!(
             "task {} ({}) failed{}",
             item.id,
             item.content,
-            item.error
-                .as_ref()
-                .map(|e| format!(": {e}"))
-                .unwrap_or_default()
+            item.error.as_ref().map(|e| format!(": {e}")).unwrap_or_default()
         ));
     }
     for tool in &input.blocked_tools {
@@ -253,20 +208,22 @@ pub fn rule_based(input: &ReviewInput) -> Review {
     }
 
     let mut actions = Vec::new();
-    let answer_is_empty = input
-        .final_answer
-        .as_ref()
-        .is_some_and(|a| a.trim().is_empty());
+    let answer_is_empty = input.final_answer.as_ref().is_some_and(|a| a.trim().is_empty());
     let recommendation = if input.synthesis {
         Recommendation::Proceed
     } else if answer_is_empty {
         actions.push("write a non-empty answer to the request".to_owned());
         Recommendation::GatherMore
     } else if input.final_answer.is_some() && !unfinished.is_empty() {
-        actions.push("finish the unfinished tasks, or mark them completed or failed with todo_write, before answering".to_owned());
+        actions.push(
+            "finish the unfinished tasks, or mark them completed or failed with todo_write, before answering"
+                .to_owned(),
+        );
         Recommendation::GatherMore
     } else if input.final_answer.is_none() && total > 0 && completed == 0 {
-        actions.push("no call of this turn succeeded: revise the plan with todo_write and try another approach".to_owned());
+        actions.push(
+            "no call of this turn succeeded: revise the plan with todo_write and try another approach".to_owned(),
+        );
         Recommendation::Replan
     } else {
         Recommendation::Proceed
@@ -274,8 +231,7 @@ pub fn rule_based(input: &ReviewInput) -> Review {
     for tool in &input.blocked_tools {
         actions.push(format!("do not call {tool} for now"));
     }
-    let needs_more_data =
-        (input.final_answer.is_some() && !unfinished.is_empty()) || (total > 0 && completed == 0);
+    let needs_more_data = (input.final_answer.is_some() && !unfinished.is_empty()) || (total > 0 && completed == 0);
     let notes = format!(
         "turn {}: {total} calls ({completed} completed); plan {}/{} done; {}",
         input.turn,
@@ -348,19 +304,14 @@ async fn model_review(model: &dyn ModelClient, input: &ReviewInput) -> Result<Re
         max_tokens: Some(800),
         temperature: Some(0.0),
     };
-    let mut stream = model
-        .chat(request)
-        .await
-        .map_err(|error| error.to_string())?;
+    let mut stream = model.chat(request).await.map_err(|error| error.to_string())?;
     let mut reply = None;
     while let Some(chunk) = stream.next().await {
         if let ModelChunk::Done(done) = chunk.map_err(|error| error.to_string())? {
             reply = Some(done);
         }
     }
-    let content = reply
-        .ok_or("the model stream ended without a reply")?
-        .content;
+    let content = reply.ok_or("the model stream ended without a reply")?.content;
     let start = content.find('{').ok_or("the reply has no JSON object")?;
     let end = content.rfind('}').ok_or("the reply has no JSON object")?;
     let verdict: ModelVerdict = serde_json::from_str(&content[start..=end])
@@ -393,28 +344,14 @@ mod tests {
     use super::*;
 
     fn item(id: &str, status: TaskStatus) -> TodoItem {
-        TodoItem {
-            id: id.into(),
-            content: format!("task {id}"),
-            status,
-            tools: vec![],
-            result: None,
-            error: None,
-        }
+        TodoItem { id: id.into(), content: format!("task {id}"), status, tools: vec![], result: None, error: None }
     }
 
-    fn input(
-        calls: Vec<CallSummary>,
-        final_answer: Option<&str>,
-        plan: Vec<TodoItem>,
-    ) -> ReviewInput {
+    fn input(calls: Vec<CallSummary>, final_answer: Option<&str>, plan: Vec<TodoItem>) -> ReviewInput {
         ReviewInput {
             turn: 1,
             request: "summarize delivery emails".into(),
-            plan: Plan {
-                version: 1,
-                items: plan,
-            },
+            plan: Plan { version: 1, items: plan },
             calls,
             final_answer: final_answer.map(str::to_owned),
             blocked_tools: vec![],
@@ -423,11 +360,7 @@ mod tests {
     }
 
     fn call(status: &'static str) -> CallSummary {
-        CallSummary {
-            tool: "t".into(),
-            status,
-            skip: None,
-        }
+        CallSummary { tool: "t".into(), status, skip: None }
     }
 
     #[test]
@@ -435,10 +368,7 @@ mod tests {
         let review = rule_based(&input(
             vec![],
             Some("delivery emails: two"),
-            vec![
-                item("1", TaskStatus::Completed),
-                item("2", TaskStatus::Pending),
-            ],
+            vec![item("1", TaskStatus::Completed), item("2", TaskStatus::Pending)],
         ));
         assert_eq!(review.recommendation, Recommendation::GatherMore);
         assert_eq!(review.completeness, 0.5);
@@ -468,9 +398,7 @@ mod tests {
     #[test]
     fn dropped_reply_sends_a_degraded_review() {
         let (sender, receiver) = std::sync::mpsc::channel();
-        let reply = ReviewReply::new(Arc::new(input(vec![], None, vec![])), move |review| {
-            sender.send(review).unwrap()
-        });
+        let reply = ReviewReply::new(Arc::new(input(vec![], None, vec![])), move |review| sender.send(review).unwrap());
         drop(reply);
         assert_eq!(receiver.recv().unwrap().status, ReviewStatus::Degraded);
     }

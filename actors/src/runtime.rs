@@ -13,7 +13,7 @@ use std::time::Duration;
 use chrono::Utc;
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use ractor::{Actor, ActorRef, ActorStatus};
+use ractor::{Actor, ActorRef};
 use tokio::sync::Semaphore;
 use tracing::{info, warn};
 
@@ -75,16 +75,8 @@ pub struct SubmitRequest {
 impl SubmitRequest {
     /// A request of the `default` tenant.
     pub fn new(agent: impl Into<String>, input: impl Into<String>) -> Self {
-        let spec = RunSpec {
-            agent: agent.into(),
-            input: input.into(),
-            limits: None,
-        };
-        Self {
-            spec,
-            tenant: "default".to_owned(),
-            parent_run_id: None,
-        }
+        let spec = RunSpec { agent: agent.into(), input: input.into(), limits: None };
+        Self { spec, tenant: "default".to_owned(), parent_run_id: None }
     }
 }
 
@@ -184,18 +176,11 @@ impl Runtime {
             hub: Arc::new(EventHub::new(config.event_buffer)),
             config: config.clone(),
         });
-        let supervisor = Supervisor {
-            shared: shared.clone(),
-        };
-        let (supervisor, _) = Actor::spawn(None, supervisor, ())
-            .await
-            .map_err(|error| RuntimeError::Spawn(error.to_string()))?;
+        let supervisor = Supervisor { shared: shared.clone() };
+        let (supervisor, _) =
+            Actor::spawn(None, supervisor, ()).await.map_err(|error| RuntimeError::Spawn(error.to_string()))?;
         let admission = Arc::new(Semaphore::new(config.max_active_runs.max(1)));
-        let runtime = Self {
-            shared,
-            supervisor,
-            admission,
-        };
+        let runtime = Self { shared, supervisor, admission };
         runtime.recover().await?;
         Ok(runtime)
     }
@@ -222,11 +207,7 @@ impl Runtime {
         run_id: RunId,
         permit: Option<tokio::sync::OwnedSemaphorePermit>,
     ) -> Result<(), SubmitError> {
-        let reply = ractor::call!(self.supervisor, |reply| SupervisorMsg::Start {
-            run_id,
-            permit,
-            reply
-        });
+        let reply = ractor::call!(self.supervisor, |reply| SupervisorMsg::Start { run_id, permit, reply });
         match reply {
             Ok(Ok(())) => Ok(()),
             Ok(Err(error)) => {
@@ -240,29 +221,21 @@ impl Runtime {
     /// Accepts a run: admission, the run and its `run_started` event committed,
     /// then its session started. Returns once the run is durable.
     pub async fn submit(&self, request: SubmitRequest) -> Result<RunId, SubmitError> {
-        let SubmitRequest {
-            spec,
-            tenant,
-            parent_run_id,
-        } = request;
+        let SubmitRequest { spec, tenant, parent_run_id } = request;
         let Some(agent) = self.shared.agents.get(&spec.agent) else {
             metrics::admission_rejected("unknown_agent");
             return Err(SubmitError::UnknownAgent(spec.agent));
         };
         let limits = spec.limits.clone().unwrap_or_else(|| agent.limits.clone());
         if limits.max_turns == 0 || limits.max_parallel_tools == 0 {
-            return Err(SubmitError::InvalidLimits(
-                "max_turns and max_parallel_tools must be at least 1".to_owned(),
-            ));
+            return Err(SubmitError::InvalidLimits("max_turns and max_parallel_tools must be at least 1".to_owned()));
         }
         if !self.accepting() {
             return Err(SubmitError::Unavailable);
         }
         let Ok(permit) = self.admission.clone().try_acquire_owned() else {
             metrics::admission_rejected("overloaded");
-            return Err(SubmitError::Overloaded {
-                limit: self.shared.config.max_active_runs,
-            });
+            return Err(SubmitError::Overloaded { limit: self.shared.config.max_active_runs });
         };
         let run_id = RunId::new();
         let now = Utc::now();
@@ -286,39 +259,22 @@ impl Runtime {
             seq: 1,
             ts: now,
             parent_run_id,
-            kind: EventKind::RunStarted {
-                agent: spec.agent.clone(),
-                input: spec.input,
-            },
+            kind: EventKind::RunStarted { agent: spec.agent.clone(), input: spec.input },
         };
         self.shared.store.create_run(record, vec![started]).await?;
         metrics::run_started(&spec.agent);
         if let Err(error) = self.start_session(run_id, Some(permit)).await {
             // The run is durable; record that it could not start rather than lose it.
-            let _ = end_run(
-                &self.shared,
-                run_id,
-                RunStatus::Failed,
-                "the runtime could not start the run".to_owned(),
-            )
-            .await;
+            let _ = end_run(&self.shared, run_id, RunStatus::Failed, "the runtime could not start the run".to_owned())
+                .await;
             return Err(error);
         }
         Ok(run_id)
     }
 
     /// Every event of the run after seq `after`, then live events until `run_end`.
-    pub fn subscribe(
-        &self,
-        run_id: RunId,
-        after: u64,
-    ) -> BoxStream<'static, Result<RunEvent, StoreError>> {
-        events::subscribe(
-            self.shared.hub.clone(),
-            self.shared.store.clone(),
-            run_id,
-            after,
-        )
+    pub fn subscribe(&self, run_id: RunId, after: u64) -> BoxStream<'static, Result<RunEvent, StoreError>> {
+        events::subscribe(self.shared.hub.clone(), self.shared.store.clone(), run_id, after)
     }
 
     /// Waits until the run ends and returns its final record.
@@ -327,11 +283,7 @@ impl Runtime {
         while let Some(event) = events.next().await {
             event?;
         }
-        self.shared
-            .store
-            .get_run(run_id)
-            .await?
-            .ok_or(StoreError::NotFound(run_id))
+        self.shared.store.get_run(run_id).await?.ok_or(StoreError::NotFound(run_id))
     }
 
     /// The run's record.
@@ -341,18 +293,13 @@ impl Runtime {
 
     /// Answers a run parked on `ask_user`.
     pub async fn input(&self, run_id: RunId, text: String) -> Result<(), InputError> {
-        let Some(session) = self
-            .session(run_id)
-            .await
-            .map_err(|_| InputError::Unavailable)?
-        else {
+        let Some(session) = self.session(run_id).await.map_err(|_| InputError::Unavailable)? else {
             return match self.shared.store.get_run(run_id).await? {
                 None => Err(InputError::NotFound),
                 Some(_) => Err(InputError::NotWaiting),
             };
         };
-        ractor::call!(session, |reply| SessionMsg::Input { text, reply })
-            .map_err(|_| InputError::Unavailable)?
+        ractor::call!(session, |reply| SessionMsg::Input { text, reply }).map_err(|_| InputError::Unavailable)?
     }
 
     /// Cancels a run; returns once `run_end` is committed.
@@ -363,31 +310,18 @@ impl Runtime {
         if run.status.is_terminal() {
             return Err(CancelError::AlreadyEnded(run.status));
         }
-        match self
-            .session(run_id)
-            .await
-            .map_err(|_| CancelError::Unavailable)?
-        {
-            Some(session) => ractor::call!(session, |reply| SessionMsg::Cancel { reply })
-                .map_err(|_| CancelError::Unavailable),
-            None => Ok(end_run(
-                &self.shared,
-                run_id,
-                RunStatus::Cancelled,
-                "cancelled by the client".to_owned(),
-            )
-            .await?),
+        match self.session(run_id).await.map_err(|_| CancelError::Unavailable)? {
+            Some(session) => {
+                ractor::call!(session, |reply| SessionMsg::Cancel { reply }).map_err(|_| CancelError::Unavailable)
+            }
+            None => {
+                Ok(end_run(&self.shared, run_id, RunStatus::Cancelled, "cancelled by the client".to_owned()).await?)
+            }
         }
     }
 
-    async fn session(
-        &self,
-        run_id: RunId,
-    ) -> Result<Option<ActorRef<SessionMsg>>, ractor::RactorErr<SupervisorMsg>> {
-        ractor::call!(self.supervisor, |reply| SupervisorMsg::Session {
-            run_id,
-            reply
-        })
+    async fn session(&self, run_id: RunId) -> Result<Option<ActorRef<SessionMsg>>, ractor::RactorErr<SupervisorMsg>> {
+        ractor::call!(self.supervisor, |reply| SupervisorMsg::Session { run_id, reply })
     }
 
     /// Runs with a live session.
@@ -397,7 +331,8 @@ impl Runtime {
 
     /// Whether the actor tree is up and taking runs.
     pub fn accepting(&self) -> bool {
-        self.supervisor.get_status() == ActorStatus::Running
+        // `Starting` lasts until the supervisor's first message; it already serves.
+        ractor::ACTIVE_STATES.contains(&self.supervisor.get_status())
     }
 
     /// The configured agents.
@@ -415,12 +350,7 @@ impl Runtime {
     /// Stops every actor within `deadline`. Runs keep their last commit and resume
     /// on the next start.
     pub async fn shutdown(self, deadline: Duration) {
-        if self
-            .supervisor
-            .stop_and_wait(Some("shutdown".to_owned()), Some(deadline))
-            .await
-            .is_err()
-        {
+        if self.supervisor.stop_and_wait(Some("shutdown".to_owned()), Some(deadline)).await.is_err() {
             warn!("actors did not stop in time; killing them");
             self.supervisor.kill();
         }
@@ -433,23 +363,14 @@ fn check_agents(deps: &Deps) -> Result<HashMap<String, AgentConfig>, RuntimeErro
     for agent in &deps.agents {
         for tool in &agent.tools {
             if deps.tools.get(tool).is_none() {
-                return Err(RuntimeError::Config(format!(
-                    "agent {} names unknown tool {tool}",
-                    agent.name
-                )));
+                return Err(RuntimeError::Config(format!("agent {} names unknown tool {tool}", agent.name)));
             }
         }
         if deps.models.get(agent.model.as_deref()).is_none() {
-            return Err(RuntimeError::Config(format!(
-                "agent {} names an unknown model",
-                agent.name
-            )));
+            return Err(RuntimeError::Config(format!("agent {} names an unknown model", agent.name)));
         }
         if agents.insert(agent.name.clone(), agent.clone()).is_some() {
-            return Err(RuntimeError::Config(format!(
-                "agent {} is defined twice",
-                agent.name
-            )));
+            return Err(RuntimeError::Config(format!("agent {} is defined twice", agent.name)));
         }
     }
     Ok(agents)
@@ -469,11 +390,7 @@ pub async fn end_run(
     if run.status.is_terminal() {
         return Ok(());
     }
-    let last = shared
-        .store
-        .load(run_id)
-        .await?
-        .map_or(0, |snapshot| snapshot.last_seq);
+    let last = shared.store.load(run_id).await?.map_or(0, |snapshot| snapshot.last_seq);
     let mut events = Vec::new();
     if status == RunStatus::Failed {
         events.push(RunEvent {
@@ -481,16 +398,10 @@ pub async fn end_run(
             seq: last + 1,
             ts: Utc::now(),
             parent_run_id: run.parent_run_id,
-            kind: EventKind::Error {
-                code: "run_failed".to_owned(),
-                message: reason.clone(),
-            },
+            kind: EventKind::Error { code: "run_failed".to_owned(), message: reason.clone() },
         });
     }
-    let kind = EventKind::RunEnd {
-        status,
-        reason: Some(reason.clone()),
-    };
+    let kind = EventKind::RunEnd { status, reason: Some(reason.clone()) };
     events.push(RunEvent {
         run_id,
         seq: last + 1 + events.len() as u64,
@@ -498,18 +409,8 @@ pub async fn end_run(
         parent_run_id: run.parent_run_id,
         kind,
     });
-    let writes = vec![StoreWrite::Status {
-        status,
-        reason: Some(reason),
-    }];
-    shared
-        .store
-        .commit(Commit {
-            run_id,
-            writes,
-            events: events.clone(),
-        })
-        .await?;
+    let writes = vec![StoreWrite::Status { status, reason: Some(reason) }];
+    shared.store.commit(Commit { run_id, writes, events: events.clone() }).await?;
     shared.hub.publish(run_id, &events);
     shared.hub.close(run_id);
     metrics::run_finished(&run.agent, status.as_str());

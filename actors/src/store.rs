@@ -14,9 +14,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::llm::Message;
-use crate::protocol::{
-    Fragment, Limits, Plan, Review, RunEvent, RunId, RunStatus, ToolExecutionRecord, Usage,
-};
+use crate::protocol::{Fragment, Limits, Plan, Review, RunEvent, RunId, RunStatus, ToolExecutionRecord, Usage};
 
 /// A run as stored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -178,12 +176,7 @@ pub trait RunStore: Send + Sync + 'static {
     async fn load(&self, run_id: RunId) -> Result<Option<RunSnapshot>, StoreError>;
 
     /// Up to `limit` events with seq greater than `after`, in order.
-    async fn events_after(
-        &self,
-        run_id: RunId,
-        after: u64,
-        limit: usize,
-    ) -> Result<Vec<RunEvent>, StoreError>;
+    async fn events_after(&self, run_id: RunId, after: u64, limit: usize) -> Result<Vec<RunEvent>, StoreError>;
 
     /// Runs matching `query`, newest first.
     async fn list_runs(&self, query: RunQuery) -> Result<Vec<RunRecord>, StoreError>;
@@ -197,11 +190,7 @@ pub fn check_sequence(run_id: RunId, last_seq: u64, events: &[RunEvent]) -> Resu
     for (offset, event) in events.iter().enumerate() {
         let expected = last_seq + 1 + offset as u64;
         if event.seq != expected || event.run_id != run_id {
-            return Err(StoreError::SeqConflict {
-                run_id,
-                expected,
-                got: event.seq,
-            });
+            return Err(StoreError::SeqConflict { run_id, expected, got: event.seq });
         }
     }
     Ok(())
@@ -258,16 +247,10 @@ impl MemoryStore {
         Self::default()
     }
 
-    fn with_runs<T>(
-        &self,
-        f: impl FnOnce(&mut HashMap<RunId, MemoryRun>) -> T,
-    ) -> Result<T, StoreError> {
+    fn with_runs<T>(&self, f: impl FnOnce(&mut HashMap<RunId, MemoryRun>) -> T) -> Result<T, StoreError> {
         // A poisoned lock means a panic mid-commit elsewhere; commits validate before
         // they mutate, so the data is still consistent and we keep serving it.
-        let mut runs = self
-            .runs
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut runs = self.runs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         Ok(f(&mut runs))
     }
 }
@@ -290,13 +273,7 @@ impl RunStore for MemoryStore {
                 documents: Vec::new(),
                 last_seq: events.len() as u64,
             };
-            runs.insert(
-                run_id,
-                MemoryRun {
-                    snapshot: Some(snapshot),
-                    events,
-                },
-            );
+            runs.insert(run_id, MemoryRun { snapshot: Some(snapshot), events });
             Ok(())
         })?
     }
@@ -305,10 +282,7 @@ impl RunStore for MemoryStore {
         self.with_runs(|runs| {
             let run_id = commit.run_id;
             let entry = runs.get_mut(&run_id).ok_or(StoreError::NotFound(run_id))?;
-            let snapshot = entry
-                .snapshot
-                .as_mut()
-                .ok_or(StoreError::NotFound(run_id))?;
+            let snapshot = entry.snapshot.as_mut().ok_or(StoreError::NotFound(run_id))?;
             if snapshot.run.status.is_terminal() {
                 return Err(StoreError::Terminal(run_id));
             }
@@ -324,23 +298,14 @@ impl RunStore for MemoryStore {
     }
 
     async fn get_run(&self, run_id: RunId) -> Result<Option<RunRecord>, StoreError> {
-        self.with_runs(|runs| {
-            runs.get(&run_id)
-                .and_then(|entry| entry.snapshot.as_ref())
-                .map(|s| s.run.clone())
-        })
+        self.with_runs(|runs| runs.get(&run_id).and_then(|entry| entry.snapshot.as_ref()).map(|s| s.run.clone()))
     }
 
     async fn load(&self, run_id: RunId) -> Result<Option<RunSnapshot>, StoreError> {
         self.with_runs(|runs| runs.get(&run_id).and_then(|entry| entry.snapshot.clone()))
     }
 
-    async fn events_after(
-        &self,
-        run_id: RunId,
-        after: u64,
-        limit: usize,
-    ) -> Result<Vec<RunEvent>, StoreError> {
+    async fn events_after(&self, run_id: RunId, after: u64, limit: usize) -> Result<Vec<RunEvent>, StoreError> {
         self.with_runs(|runs| {
             let Some(entry) = runs.get(&run_id) else {
                 return Err(StoreError::NotFound(run_id));
@@ -357,12 +322,7 @@ impl RunStore for MemoryStore {
                 .values()
                 .filter_map(|entry| entry.snapshot.as_ref())
                 .map(|snapshot| &snapshot.run)
-                .filter(|run| {
-                    query
-                        .tenant
-                        .as_ref()
-                        .is_none_or(|tenant| &run.tenant == tenant)
-                })
+                .filter(|run| query.tenant.as_ref().is_none_or(|tenant| &run.tenant == tenant))
                 .filter(|run| query.status.is_none_or(|status| run.status == status))
                 .cloned()
                 .collect();

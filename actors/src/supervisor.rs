@@ -15,9 +15,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use ractor::{
-    Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent,
-};
+use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::{error, warn};
 
@@ -123,11 +121,7 @@ impl Actor for Supervisor {
     type State = SupervisorState;
     type Arguments = ();
 
-    async fn pre_start(
-        &self,
-        myself: ActorRef<SupervisorMsg>,
-        _: (),
-    ) -> Result<SupervisorState, ActorProcessingErr> {
+    async fn pre_start(&self, myself: ActorRef<SupervisorMsg>, _: ()) -> Result<SupervisorState, ActorProcessingErr> {
         let tool_pool = self.spawn_tool_pool(&myself).await?;
         let reviewer = self.spawn_reviewer(&myself).await?;
         Ok(SupervisorState {
@@ -156,25 +150,14 @@ impl Actor for Supervisor {
         state: &mut SupervisorState,
     ) -> Result<(), ActorProcessingErr> {
         match message {
-            SupervisorMsg::Start {
-                run_id,
-                permit,
-                reply,
-            } => {
+            SupervisorMsg::Start { run_id, permit, reply } => {
                 let result = if state.runs.contains_key(&run_id) {
                     Ok(())
                 } else {
                     match self.spawn_session(&myself, run_id).await {
                         Ok(session) => {
                             state.sessions.insert(session.get_id(), run_id);
-                            state.runs.insert(
-                                run_id,
-                                LiveRun {
-                                    session,
-                                    _permit: permit,
-                                    restarts: VecDeque::new(),
-                                },
-                            );
+                            state.runs.insert(run_id, LiveRun { session, _permit: permit, restarts: VecDeque::new() });
                             metrics::runs_active(state.runs.len());
                             Ok(())
                         }
@@ -209,8 +192,7 @@ impl Actor for Supervisor {
             SupervisionEvent::ActorFailed(cell, reason) => {
                 let id = cell.get_id();
                 if let Some(run_id) = state.sessions.remove(&id) {
-                    self.session_failed(&myself, state, run_id, reason.to_string())
-                        .await;
+                    self.session_failed(&myself, state, run_id, reason.to_string()).await;
                 } else if id == state.tool_pool.get_id() {
                     self.shared_failed(state, "tool_pool", &reason.to_string())?;
                     self.shared.handles.set_tool_pool(None);
@@ -233,35 +215,20 @@ impl Supervisor {
         myself: &ActorRef<SupervisorMsg>,
         run_id: RunId,
     ) -> Result<ActorRef<SessionMsg>, ActorProcessingErr> {
-        let session = Session {
-            shared: self.shared.clone(),
-        };
-        let (session, _) =
-            Actor::spawn_linked(None, session, SessionArgs { run_id }, myself.get_cell()).await?;
+        let session = Session { shared: self.shared.clone() };
+        let (session, _) = Actor::spawn_linked(None, session, SessionArgs { run_id }, myself.get_cell()).await?;
         Ok(session)
     }
 
-    async fn spawn_tool_pool(
-        &self,
-        myself: &ActorRef<SupervisorMsg>,
-    ) -> Result<ActorCell, ActorProcessingErr> {
-        let pool = ToolPool {
-            shared: self.shared.pool.clone(),
-            config: self.shared.config.tool_pool.clone(),
-        };
+    async fn spawn_tool_pool(&self, myself: &ActorRef<SupervisorMsg>) -> Result<ActorCell, ActorProcessingErr> {
+        let pool = ToolPool { shared: self.shared.pool.clone(), config: self.shared.config.tool_pool.clone() };
         let (pool, _) = Actor::spawn_linked(None, pool, (), myself.get_cell()).await?;
         self.shared.handles.set_tool_pool(Some(pool.clone()));
         Ok(pool.get_cell())
     }
 
-    async fn spawn_reviewer(
-        &self,
-        myself: &ActorRef<SupervisorMsg>,
-    ) -> Result<ActorCell, ActorProcessingErr> {
-        let reviewer = Reviewer {
-            models: self.shared.models.clone(),
-            timeout: REVIEW_TIMEOUT,
-        };
+    async fn spawn_reviewer(&self, myself: &ActorRef<SupervisorMsg>) -> Result<ActorCell, ActorProcessingErr> {
+        let reviewer = Reviewer { models: self.shared.models.clone(), timeout: REVIEW_TIMEOUT };
         let (reviewer, _) = Actor::spawn_linked(None, reviewer, (), myself.get_cell()).await?;
         self.shared.handles.set_reviewer(Some(reviewer.clone()));
         Ok(reviewer.get_cell())
@@ -280,8 +247,7 @@ impl Supervisor {
         };
         let policy = &self.shared.config.restarts;
         let now = Instant::now();
-        run.restarts
-            .retain(|at| now.duration_since(*at) < policy.period);
+        run.restarts.retain(|at| now.duration_since(*at) < policy.period);
         if run.restarts.len() < policy.max_restarts {
             run.restarts.push_back(now);
             metrics::actor_restarted("session");
@@ -321,20 +287,13 @@ impl Supervisor {
     ) -> Result<(), ActorProcessingErr> {
         let policy = &self.shared.config.restarts;
         let now = Instant::now();
-        state
-            .shared_restarts
-            .retain(|at| now.duration_since(*at) < policy.period);
+        state.shared_restarts.retain(|at| now.duration_since(*at) < policy.period);
         if state.shared_restarts.len() >= policy.max_restarts {
             metrics::supervisor_meltdown("root");
-            error!(
-                actor,
-                reason, "shared actor crashed too often; the supervisor gives up"
+            error!(actor, reason, "shared actor crashed too often; the supervisor gives up");
+            return Err(
+                format!("{actor} crashed more than {} times in {:?}", policy.max_restarts, policy.period).into()
             );
-            return Err(format!(
-                "{actor} crashed more than {} times in {:?}",
-                policy.max_restarts, policy.period
-            )
-            .into());
         }
         state.shared_restarts.push_back(now);
         metrics::actor_restarted(actor);

@@ -13,9 +13,7 @@ use futures::stream;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use serde_json::{Value, json};
 
-use crate::llm::{
-    ChatRequest, ModelChunk, ModelClient, ModelDelta, ModelError, ModelReply, ModelStream, Role,
-};
+use crate::llm::{ChatRequest, ModelChunk, ModelClient, ModelDelta, ModelError, ModelReply, ModelStream, Role};
 use crate::protocol::{Fragment, RunId, ToolCall, Usage};
 use crate::store::{Commit, MemoryStore, RunQuery, RunRecord, RunSnapshot, RunStore, StoreError};
 use crate::tool::{Tool, ToolContext, ToolError, ToolOutput};
@@ -33,11 +31,7 @@ pub enum Step {
 
 /// A reply with text only (a final answer).
 pub fn text(content: &str) -> Step {
-    Step::Reply(ModelReply {
-        content: content.to_owned(),
-        usage: usage(),
-        ..Default::default()
-    })
+    Step::Reply(ModelReply { content: content.to_owned(), usage: usage(), ..Default::default() })
 }
 
 /// A reply calling `calls` as (tool, args); call ids are `{tool}_{index}`.
@@ -51,28 +45,18 @@ pub fn calls(calls: &[(&str, Value)]) -> Step {
             args: args.clone(),
         })
         .collect();
-    Step::Reply(ModelReply {
-        tool_calls,
-        usage: usage(),
-        ..Default::default()
-    })
+    Step::Reply(ModelReply { tool_calls, usage: usage(), ..Default::default() })
 }
 
 /// A `todo_write` call with `(id, content, status)` tasks.
 pub fn todo(tasks: &[(&str, &str, &str)]) -> Value {
-    let todos: Vec<Value> = tasks
-        .iter()
-        .map(|(id, content, status)| json!({"id": id, "content": content, "status": status}))
-        .collect();
+    let todos: Vec<Value> =
+        tasks.iter().map(|(id, content, status)| json!({"id": id, "content": content, "status": status})).collect();
     json!({ "todos": todos })
 }
 
 fn usage() -> Usage {
-    Usage {
-        input_tokens: 100,
-        output_tokens: 20,
-        cost_usd: 0.0001,
-    }
+    Usage { input_tokens: 100, output_tokens: 20, cost_usd: 0.0001 }
 }
 
 enum Script {
@@ -125,10 +109,7 @@ impl ScriptedModel {
 
     /// Every request so far.
     pub fn requests(&self) -> Vec<ChatRequest> {
-        self.requests
-            .lock()
-            .map(|requests| requests.clone())
-            .unwrap_or_default()
+        self.requests.lock().map(|requests| requests.clone()).unwrap_or_default()
     }
 
     /// How many requests came.
@@ -143,11 +124,7 @@ impl ScriptedModel {
         match &mut *script {
             Script::Queue(steps) => steps.pop_front(),
             Script::PerTurn(steps) => {
-                let turn = request
-                    .messages
-                    .iter()
-                    .filter(|m| m.role == Role::Assistant)
-                    .count();
+                let turn = request.messages.iter().filter(|m| m.role == Role::Assistant).count();
                 steps.get(turn).cloned()
             }
         }
@@ -173,9 +150,7 @@ impl ModelClient for ScriptedModel {
             Step::Reply(reply) => {
                 let mut chunks = Vec::with_capacity(2);
                 if self.verbose && !reply.content.is_empty() {
-                    chunks.push(Ok(ModelChunk::Delta(ModelDelta::Text(
-                        reply.content.clone(),
-                    ))));
+                    chunks.push(Ok(ModelChunk::Delta(ModelDelta::Text(reply.content.clone()))));
                 }
                 chunks.push(Ok(ModelChunk::Done(reply)));
                 Ok(Box::pin(stream::iter(chunks)))
@@ -208,15 +183,10 @@ impl Tool for EchoTool {
         true
     }
     fn describe_start(&self, args: &Value) -> String {
-        format!(
-            "Echoing '{}'",
-            args.get("text").and_then(Value::as_str).unwrap_or_default()
-        )
+        format!("Echoing '{}'", args.get("text").and_then(Value::as_str).unwrap_or_default())
     }
     async fn call(&self, _context: ToolContext, args: Value) -> Result<ToolOutput, ToolError> {
-        Ok(ToolOutput::value(
-            args.get("text").cloned().unwrap_or(Value::Null),
-        ))
+        Ok(ToolOutput::value(args.get("text").cloned().unwrap_or(Value::Null)))
     }
 }
 
@@ -306,11 +276,7 @@ impl Tool for LedgerTool {
         object_schema(json!({"entry": {"type": "string"}}), &["entry"])
     }
     async fn call(&self, context: ToolContext, args: Value) -> Result<ToolOutput, ToolError> {
-        let entry = args
-            .get("entry")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned();
+        let entry = args.get("entry").and_then(Value::as_str).unwrap_or_default().to_owned();
         if let Ok(mut lines) = self.lines.lock() {
             lines.push((context.idempotency_key, entry));
         }
@@ -339,18 +305,10 @@ impl Tool for SearchTool {
         true
     }
     fn describe_start(&self, args: &Value) -> String {
-        format!(
-            "Searching for '{}'",
-            args.get("query")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-        )
+        format!("Searching for '{}'", args.get("query").and_then(Value::as_str).unwrap_or_default())
     }
     async fn call(&self, _context: ToolContext, args: Value) -> Result<ToolOutput, ToolError> {
-        let query = args
-            .get("query")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
+        let query = args.get("query").and_then(Value::as_str).unwrap_or_default();
         let excluded: Vec<&str> = args
             .get("excluded_ids")
             .and_then(Value::as_array)
@@ -365,11 +323,7 @@ impl Tool for SearchTool {
             })
             .filter(|fragment| !excluded.contains(&fragment.id.as_str()))
             .collect();
-        Ok(ToolOutput {
-            value: json!({"excluded": excluded, "found": fragments.len()}),
-            fragments,
-            cost_usd: 0.0,
-        })
+        Ok(ToolOutput { value: json!({"excluded": excluded, "found": fragments.len()}), fragments, cost_usd: 0.0 })
     }
 }
 
@@ -384,31 +338,18 @@ pub struct FaultyStore {
 impl FaultyStore {
     /// Panics on the first `times` commits for which `predicate` holds.
     pub fn new(times: usize, predicate: impl Fn(&Commit) -> bool + Send + Sync + 'static) -> Self {
-        Self {
-            inner: MemoryStore::new(),
-            predicate: Box::new(predicate),
-            remaining: AtomicUsize::new(times),
-        }
+        Self { inner: MemoryStore::new(), predicate: Box::new(predicate), remaining: AtomicUsize::new(times) }
     }
 }
 
 #[async_trait]
 impl RunStore for FaultyStore {
-    async fn create_run(
-        &self,
-        run: RunRecord,
-        events: Vec<crate::protocol::RunEvent>,
-    ) -> Result<(), StoreError> {
+    async fn create_run(&self, run: RunRecord, events: Vec<crate::protocol::RunEvent>) -> Result<(), StoreError> {
         self.inner.create_run(run, events).await
     }
     async fn commit(&self, commit: Commit) -> Result<(), StoreError> {
         if (self.predicate)(&commit)
-            && self
-                .remaining
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
-                    left.checked_sub(1)
-                })
-                .is_ok()
+            && self.remaining.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| left.checked_sub(1)).is_ok()
         {
             panic!("injected store fault");
         }
@@ -448,10 +389,7 @@ pub fn capture_metrics() {
     CAPTURE.get_or_init(|| {
         let recorder = DebuggingRecorder::new();
         let snapshotter = recorder.snapshotter();
-        recorder.install().ok().map(|()| Capture {
-            snapshotter,
-            totals: Mutex::new(HashMap::new()),
-        })
+        recorder.install().ok().map(|()| Capture { snapshotter, totals: Mutex::new(HashMap::new()) })
     });
 }
 
@@ -466,21 +404,12 @@ pub fn counter(name: &str, labels: &[(&str, &str)]) -> u64 {
     // Snapshots drain counters, so they are folded into running totals.
     for (key, _, _, value) in capture.snapshotter.snapshot().into_vec() {
         if let DebugValue::Counter(value) = value {
-            let mut labels: Vec<String> = key
-                .key()
-                .labels()
-                .map(|l| format!("{}={}", l.key(), l.value()))
-                .collect();
+            let mut labels: Vec<String> = key.key().labels().map(|l| format!("{}={}", l.key(), l.value())).collect();
             labels.sort();
-            *totals
-                .entry(format!("{}{{{}}}", key.key().name(), labels.join(",")))
-                .or_insert(0) += value;
+            *totals.entry(format!("{}{{{}}}", key.key().name(), labels.join(","))).or_insert(0) += value;
         }
     }
     let mut wanted: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
     wanted.sort();
-    totals
-        .get(&format!("{name}{{{}}}", wanted.join(",")))
-        .copied()
-        .unwrap_or(0)
+    totals.get(&format!("{name}{{{}}}", wanted.join(","))).copied().unwrap_or(0)
 }

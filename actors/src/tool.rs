@@ -44,11 +44,7 @@ pub struct ToolOutput {
 impl ToolOutput {
     /// A result with a value only.
     pub fn value(value: Value) -> Self {
-        Self {
-            value,
-            fragments: Vec::new(),
-            cost_usd: 0.0,
-        }
+        Self { value, fragments: Vec::new(), cost_usd: 0.0 }
     }
 }
 
@@ -71,10 +67,7 @@ pub enum ToolError {
 impl ToolError {
     /// A failure with a code and a message.
     pub fn failed(code: impl Into<String>, message: impl Into<String>) -> Self {
-        Self::Failed {
-            code: code.into(),
-            message: message.into(),
-        }
+        Self::Failed { code: code.into(), message: message.into() }
     }
 
     /// The outcome the model sees.
@@ -180,20 +173,10 @@ impl ToolRegistry {
             return Err(RegistryError::Duplicate(name));
         }
         let schema = tool.parameters();
-        let validator =
-            jsonschema::validator_for(&schema).map_err(|error| RegistryError::BadSchema {
-                name: name.clone(),
-                message: error.to_string(),
-            })?;
+        let validator = jsonschema::validator_for(&schema)
+            .map_err(|error| RegistryError::BadSchema { name: name.clone(), message: error.to_string() })?;
         let accepts_excluded_ids = schema.pointer("/properties/excluded_ids").is_some();
-        self.tools.insert(
-            name,
-            Arc::new(RegisteredTool {
-                tool,
-                validator,
-                accepts_excluded_ids,
-            }),
-        );
+        self.tools.insert(name, Arc::new(RegisteredTool { tool, validator, accepts_excluded_ids }));
         Ok(())
     }
 

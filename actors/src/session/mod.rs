@@ -29,8 +29,8 @@ use crate::llm::{Message, ModelChunk, ModelClient, ModelDelta, ModelError, Model
 use crate::metrics;
 use crate::planner::{Planner, PlannerMsg, TODO_WRITE};
 use crate::protocol::{
-    CallStatus, EventKind, Limits, Plan, Recommendation, Review, RunEvent, RunId, RunStatus,
-    SkipReason, ToolCall, ToolExecutionRecord, ToolOutcome, Usage,
+    CallStatus, EventKind, Limits, Plan, Recommendation, Review, RunEvent, RunId, RunStatus, SkipReason, ToolCall,
+    ToolExecutionRecord, ToolOutcome, Usage,
 };
 use crate::reviewer::{CallSummary, ReviewInput, ReviewReply, ReviewerMsg};
 use crate::runtime::{InputError, RuntimeShared};
@@ -115,7 +115,9 @@ struct Live {
     outbox: Outbox,
     phase: Phase,
     cancel: CancellationToken,
-    model_task: Option<tokio::task::AbortHandle>,
+    /// The offloaded model call; dropping it (also when the session is killed)
+    /// aborts the call.
+    model_task: Option<AbortOnDrop>,
     /// Final answers sent back by `gather_more` reviews so far.
     reflections: u32,
     turn_clock: Instant,
@@ -124,17 +126,10 @@ struct Live {
 /// Where the turn loop stands.
 enum Phase {
     Idle,
-    Model {
-        turn: u32,
-        synthesis: bool,
-    },
+    Model { turn: u32, synthesis: bool },
     Tools(ToolTurn),
     WaitingInput(ToolTurn),
-    Review {
-        turn: u32,
-        final_answer: Option<String>,
-        synthesis: bool,
-    },
+    Review { turn: u32, final_answer: Option<String>, synthesis: bool },
     Finished,
 }
 
@@ -148,19 +143,17 @@ struct ToolTurn {
     in_flight: usize,
     /// The turn's `ask_user` call, answered by `Input`.
     ask: Option<usize>,
+    /// Tool result messages by call index. They join the conversation in call
+    /// order once the turn's calls are all answered, whatever order they finished
+    /// in, so a resumed run sees the same conversation as an uninterrupted one.
+    messages: Vec<Option<Message>>,
 }
 
 impl ToolTurn {
     fn new(turn: u32, calls: Vec<ToolCall>) -> Self {
         let results = vec![None; calls.len()];
-        Self {
-            turn,
-            calls,
-            results,
-            next: 0,
-            in_flight: 0,
-            ask: None,
-        }
+        let messages = vec![None; calls.len()];
+        Self { turn, calls, results, next: 0, in_flight: 0, ask: None, messages }
     }
 }
 
@@ -205,25 +198,7 @@ impl Actor for Session {
         // never makes the supervisor wait on the store.
         myself.cast(SessionMsg::Load)?;
         let span = info_span!("run", run_id = %args.run_id);
-        Ok(SessionState {
-            run_id: args.run_id,
-            span,
-            live: None,
-        })
-    }
-
-    async fn post_stop(
-        &self,
-        _myself: ActorRef<SessionMsg>,
-        state: &mut SessionState,
-    ) -> Result<(), ActorProcessingErr> {
-        if let Some(live) = &mut state.live {
-            if let Some(task) = live.model_task.take() {
-                task.abort();
-            }
-            live.planner.stop(None);
-        }
-        Ok(())
+        Ok(SessionState { run_id: args.run_id, span, live: None })
     }
 
     async fn handle(
@@ -242,8 +217,7 @@ impl Actor for Session {
         event: SupervisionEvent,
         state: &mut SessionState,
     ) -> Result<(), ActorProcessingErr> {
-        if let (SupervisionEvent::ActorFailed(cell, reason), Some(live)) =
-            (event, state.live.as_mut())
+        if let (SupervisionEvent::ActorFailed(cell, reason), Some(live)) = (event, state.live.as_mut())
             && cell.get_id() == live.planner.get_id()
         {
             warn!(run_id = %state.run_id, %reason, "planner crashed; restarting it from the last plan");
@@ -278,28 +252,15 @@ impl Session {
         match message {
             SessionMsg::Load => Ok(()),
             SessionMsg::ModelDelta { turn, delta } => self.on_delta(live, turn, delta).await,
-            SessionMsg::ModelDone {
-                turn,
-                result,
-                elapsed,
-            } => {
-                self.on_model_done(&myself, live, turn, result, elapsed)
-                    .await
+            SessionMsg::ModelDone { turn, result, elapsed } => {
+                self.on_model_done(&myself, live, turn, result, elapsed).await
             }
             SessionMsg::ToolDone(result) => self.on_tool_done(&myself, live, *result).await,
-            SessionMsg::Reviewed { turn, review } => {
-                self.on_reviewed(&myself, live, turn, review).await
-            }
+            SessionMsg::Reviewed { turn, review } => self.on_reviewed(&myself, live, turn, review).await,
             SessionMsg::Input { text, reply } => self.on_input(&myself, live, text, reply).await,
             SessionMsg::Cancel { reply } => {
-                self.finish(
-                    &myself,
-                    live,
-                    RunStatus::Cancelled,
-                    Some("cancelled by the client".to_owned()),
-                    None,
-                )
-                .await?;
+                self.finish(&myself, live, RunStatus::Cancelled, Some("cancelled by the client".to_owned()), None)
+                    .await?;
                 let _ = reply.send(());
                 Ok(())
             }
@@ -316,14 +277,7 @@ impl Session {
         let writes = std::mem::take(&mut live.outbox.writes);
         let hub = &self.shared.hub;
         let published = hub.has_subscribers(run_id).then(|| events.clone());
-        self.shared
-            .store
-            .commit(Commit {
-                run_id,
-                writes,
-                events,
-            })
-            .await?;
+        self.shared.store.commit(Commit { run_id, writes, events }).await?;
         if let Some(events) = published {
             hub.publish(run_id, &events);
         }
@@ -338,27 +292,15 @@ impl Session {
         turn: u32,
     ) -> Result<(), ActorProcessingErr> {
         if let Some(reason) = over_budget(&live.run.limits, &live.run.usage) {
-            live.outbox.emit(EventKind::Error {
-                code: "budget_exceeded".to_owned(),
-                message: reason.clone(),
-            });
+            live.outbox.emit(EventKind::Error { code: "budget_exceeded".to_owned(), message: reason.clone() });
             return self
-                .finish(
-                    myself,
-                    live,
-                    RunStatus::Failed,
-                    Some(format!("budget_exceeded: {reason}")),
-                    None,
-                )
+                .finish(myself, live, RunStatus::Failed, Some(format!("budget_exceeded: {reason}")), None)
                 .await;
         }
         live.run.turn = turn;
         live.turn_clock = Instant::now();
         live.outbox.emit(EventKind::TurnStart { turn });
-        live.outbox.write(StoreWrite::Progress {
-            turn,
-            usage: live.run.usage,
-        });
+        live.outbox.write(StoreWrite::Progress { turn, usage: live.run.usage });
         self.flush(live).await?;
         self.call_model(myself, live, turn);
         Ok(())
@@ -370,34 +312,19 @@ impl Session {
         let blocked = live.ledger.blocked_tools(turn);
         let tools = prompt::offered_tools(&live.agent, &self.shared.pool.registry, &blocked);
         let system = prompt::system_prompt(&live.agent, &live.plan, &tools, &blocked);
-        let request = prompt::build_request(
-            system,
-            &live.conversation,
-            tools,
-            synthesis,
-            live.run.limits.max_turns,
-        );
+        let request = prompt::build_request(system, &live.conversation, tools, synthesis, live.run.limits.max_turns);
         let model = live.model.clone();
         let session = myself.clone();
         let task = tokio::spawn(async move {
             let started = Instant::now();
             let result = stream_reply(model.as_ref(), request, &session, turn).await;
-            let _ = session.cast(SessionMsg::ModelDone {
-                turn,
-                result,
-                elapsed: started.elapsed(),
-            });
+            let _ = session.cast(SessionMsg::ModelDone { turn, result, elapsed: started.elapsed() });
         });
-        live.model_task = Some(task.abort_handle());
+        live.model_task = Some(AbortOnDrop(task.abort_handle()));
         live.phase = Phase::Model { turn, synthesis };
     }
 
-    async fn on_delta(
-        &self,
-        live: &mut Live,
-        turn: u32,
-        delta: ModelDelta,
-    ) -> Result<(), ActorProcessingErr> {
+    async fn on_delta(&self, live: &mut Live, turn: u32, delta: ModelDelta) -> Result<(), ActorProcessingErr> {
         if !matches!(live.phase, Phase::Model { turn: current, .. } if current == turn) {
             return Ok(());
         }
@@ -405,11 +332,7 @@ impl Session {
             ModelDelta::Text(text) => (text, false),
             ModelDelta::Reasoning(text) => (text, true),
         };
-        live.outbox.emit(EventKind::AssistantDelta {
-            turn,
-            text,
-            reasoning,
-        });
+        live.outbox.emit(EventKind::AssistantDelta { turn, text, reasoning });
         self.flush(live).await?;
         Ok(())
     }
@@ -422,11 +345,7 @@ impl Session {
         result: Result<ModelReply, ModelError>,
         elapsed: std::time::Duration,
     ) -> Result<(), ActorProcessingErr> {
-        let Phase::Model {
-            turn: current,
-            synthesis,
-        } = live.phase
-        else {
+        let Phase::Model { turn: current, synthesis } = live.phase else {
             return Ok(());
         };
         if current != turn {
@@ -438,87 +357,41 @@ impl Session {
             Ok(reply) => reply,
             Err(error) => {
                 metrics::model_request(&model_name, "error", elapsed);
-                live.outbox.emit(EventKind::Error {
-                    code: error.code().to_owned(),
-                    message: error.to_string(),
-                });
-                return self
-                    .finish(
-                        myself,
-                        live,
-                        RunStatus::Failed,
-                        Some(format!("model error: {error}")),
-                        None,
-                    )
-                    .await;
+                live.outbox.emit(EventKind::Error { code: error.code().to_owned(), message: error.to_string() });
+                return self.finish(myself, live, RunStatus::Failed, Some(format!("model error: {error}")), None).await;
             }
         };
         metrics::model_request(&model_name, "ok", elapsed);
         let usage = reply.usage;
-        metrics::model_usage(
-            &model_name,
-            usage.input_tokens,
-            usage.output_tokens,
-            usage.cost_usd,
-        );
+        metrics::model_usage(&model_name, usage.input_tokens, usage.output_tokens, usage.cost_usd);
         live.run.usage.add(&usage);
-        live.outbox.emit(EventKind::TokenUsage {
-            turn,
-            usage,
-            total: live.run.usage,
-        });
-        live.outbox.write(StoreWrite::Progress {
-            turn,
-            usage: live.run.usage,
-        });
+        live.outbox.emit(EventKind::TokenUsage { turn, usage, total: live.run.usage });
+        live.outbox.write(StoreWrite::Progress { turn, usage: live.run.usage });
         for detail in &reply.decode_errors {
-            live.outbox.emit(EventKind::DecodeError {
-                turn,
-                detail: detail.clone(),
-            });
+            live.outbox.emit(EventKind::DecodeError { turn, detail: detail.clone() });
         }
         // The synthesis turn answers; any tool calls it makes anyway are ignored.
-        let calls = if synthesis {
-            Vec::new()
-        } else {
-            reply.tool_calls
-        };
-        let message = Message {
-            role: Role::Assistant,
-            content: reply.content,
-            tool_calls: calls.clone(),
-            tool_call_id: None,
-        };
+        let calls = if synthesis { Vec::new() } else { reply.tool_calls };
+        let message =
+            Message { role: Role::Assistant, content: reply.content, tool_calls: calls.clone(), tool_call_id: None };
         self.append_message(live, turn, message.clone());
         if calls.is_empty() {
             self.flush(live).await?;
-            return self
-                .request_review(myself, live, turn, Some(message.content), synthesis)
-                .await;
+            return self.request_review(myself, live, turn, Some(message.content), synthesis).await;
         }
-        live.outbox.emit(EventKind::ToolRequests {
-            turn,
-            calls: calls.clone(),
-        });
+        live.outbox.emit(EventKind::ToolRequests { turn, calls: calls.clone() });
         live.phase = Phase::Tools(ToolTurn::new(turn, calls));
         self.advance_tools(myself, live).await
     }
 
     fn append_message(&self, live: &mut Live, turn: u32, message: Message) {
-        live.outbox.write(StoreWrite::Message(StoredMessage {
-            turn,
-            message: message.clone(),
-        }));
+        live.outbox.write(StoreWrite::Message(StoredMessage { turn, message: message.clone() }));
         live.conversation.push(message);
     }
 
     /// Dispatches calls while parallel slots are free: built-ins inline, the rest to
     /// the pool. The `started` records commit before any call is sent.
-    async fn advance_tools(
-        &self,
-        myself: &ActorRef<SessionMsg>,
-        live: &mut Live,
-    ) -> Result<(), ActorProcessingErr> {
+    async fn advance_tools(&self, myself: &ActorRef<SessionMsg>, live: &mut Live) -> Result<(), ActorProcessingErr> {
         let max_parallel = live.run.limits.max_parallel_tools.max(1);
         let mut jobs = Vec::new();
         loop {
@@ -537,32 +410,30 @@ impl Session {
             let (turn, ask, call) = (tools.turn, tools.ask, tools.calls[index].clone());
             match call.name.as_str() {
                 TODO_WRITE => {
+                    self.emit_call_start(live, turn, &call, "Updating the plan".to_owned());
                     let result = self.todo_write(myself, live, turn, index, call).await?;
                     self.record_result(live, result);
                 }
                 ASK_USER => {
-                    let outcome = match (prompt::ask_user_question(&call.args), ask) {
-                        (Some(question), None) => {
+                    let question = prompt::ask_user_question(&call.args);
+                    let summary = format!("Asking the user: {}", question.as_deref().unwrap_or("(no question)"));
+                    self.emit_call_start(live, turn, &call, summary);
+                    let outcome = match (question, ask) {
+                        (Some(_), None) => {
                             if let Some(tools) = tools_mut(live) {
                                 tools.ask = Some(index);
                             }
-                            live.outbox.emit(EventKind::ReasoningStep {
-                                turn,
-                                summary: format!("Asking the user: {question}"),
-                            });
                             continue;
                         }
                         (None, _) => ToolOutcome::skipped(
                             SkipReason::InvalidArgs,
                             "ask_user needs a non-empty \"question\" string",
                         ),
-                        (Some(_), Some(_)) => ToolOutcome::skipped(
-                            SkipReason::Denied,
-                            "only one ask_user call per turn",
-                        ),
+                        (Some(_), Some(_)) => {
+                            ToolOutcome::skipped(SkipReason::Denied, "only one ask_user call per turn")
+                        }
                     };
-                    let result =
-                        self.builtin_result(live, turn, index, call, outcome, Utc::now(), 0);
+                    let result = self.builtin_result(live, turn, index, call, outcome, Utc::now(), 0);
                     self.record_result(live, result);
                 }
                 _ => {
@@ -587,25 +458,14 @@ impl Session {
             let reply = Box::new(move |result: ToolResult| {
                 let _ = session.cast(SessionMsg::ToolDone(Box::new(result)));
             });
-            let job = ToolPoolMsg::Execute(ToolJob {
-                work: work.clone(),
-                reply,
-            });
+            let job = ToolPoolMsg::Execute(ToolJob { work: work.clone(), reply });
             let sent = pool.as_ref().is_some_and(|pool| pool.cast(job).is_ok());
             if !sent {
                 warn!(run_id = %work.run_id, "tool pool unreachable");
-                let outcome = ToolOutcome::failed(
-                    "tool_pool_unavailable",
-                    "the tool executor is restarting; try again",
-                );
-                let result = crate::tool_pool::finish(
-                    &self.shared.pool,
-                    &work,
-                    outcome,
-                    Utc::now(),
-                    Default::default(),
-                    0.0,
-                );
+                let outcome =
+                    ToolOutcome::failed("tool_pool_unavailable", "the tool executor is restarting; try again");
+                let result =
+                    crate::tool_pool::finish(&self.shared.pool, &work, outcome, Utc::now(), Default::default(), 0.0);
                 myself.cast(SessionMsg::ToolDone(Box::new(result)))?;
             }
         }
@@ -619,26 +479,24 @@ impl Session {
             Some(registered) => registered.tool.describe_start(&call.args),
             None => format!("Calling {}", call.name),
         };
-        live.outbox.emit(EventKind::ToolCallStart {
-            turn: work.turn,
+        self.emit_call_start(live, work.turn, call, summary);
+        live.outbox.write(StoreWrite::ToolExecution(started_record(work)));
+    }
+
+    /// The `tool_call_start` and `reasoning_step` events of a call.
+    fn emit_call_start(&self, live: &mut Live, turn: u32, call: &ToolCall, summary: String) {
+        let start = EventKind::ToolCallStart {
+            turn,
             call_id: call.call_id.clone(),
             tool: call.name.clone(),
             args: call.args.clone(),
-        });
-        live.outbox.emit(EventKind::ReasoningStep {
-            turn: work.turn,
-            summary,
-        });
-        live.outbox
-            .write(StoreWrite::ToolExecution(started_record(work)));
+        };
+        live.outbox.emit(start);
+        live.outbox.emit(EventKind::ReasoningStep { turn, summary });
     }
 
     /// After the last call of a turn: park for `ask_user`, or ask for the review.
-    async fn maybe_end_tools(
-        &self,
-        myself: &ActorRef<SessionMsg>,
-        live: &mut Live,
-    ) -> Result<(), ActorProcessingErr> {
+    async fn maybe_end_tools(&self, myself: &ActorRef<SessionMsg>, live: &mut Live) -> Result<(), ActorProcessingErr> {
         let Phase::Tools(tools) = &live.phase else {
             return Ok(());
         };
@@ -648,10 +506,7 @@ impl Session {
         if let Some(ask) = tools.ask.filter(|ask| tools.results[*ask].is_none()) {
             let prompt = prompt::ask_user_question(&tools.calls[ask].args).unwrap_or_default();
             live.outbox.emit(EventKind::WaitingInput { prompt });
-            live.outbox.write(StoreWrite::Status {
-                status: RunStatus::WaitingInput,
-                reason: None,
-            });
+            live.outbox.write(StoreWrite::Status { status: RunStatus::WaitingInput, reason: None });
             live.run.status = RunStatus::WaitingInput;
             if let Phase::Tools(tools) = std::mem::replace(&mut live.phase, Phase::Idle) {
                 live.phase = Phase::WaitingInput(tools);
@@ -660,6 +515,8 @@ impl Session {
             return Ok(());
         }
         let turn = tools.turn;
+        let messages: Vec<Message> = tools.messages.iter().flatten().cloned().collect();
+        live.conversation.extend(messages);
         self.request_review(myself, live, turn, None, false).await
     }
 
@@ -672,8 +529,7 @@ impl Session {
         let Phase::Tools(tools) = &mut live.phase else {
             return Ok(());
         };
-        if tools.turn != result.turn || tools.results.get(result.index).is_none_or(Option::is_some)
-        {
+        if tools.turn != result.turn || tools.results.get(result.index).is_none_or(Option::is_some) {
             return Ok(());
         }
         tools.in_flight = tools.in_flight.saturating_sub(1);
@@ -683,16 +539,7 @@ impl Session {
 
     /// Books a finished call: its events, record, message and documents.
     fn record_result(&self, live: &mut Live, result: ToolResult) {
-        let ToolResult {
-            turn,
-            index,
-            call,
-            outcome,
-            record,
-            newly_blocked,
-            new_documents,
-            summary,
-        } = result;
+        let ToolResult { turn, index, call, outcome, record, newly_blocked, new_documents, summary } = result;
         match &outcome {
             ToolOutcome::Skipped { reason, detail } => live.outbox.emit(EventKind::ToolSkipped {
                 turn,
@@ -718,30 +565,22 @@ impl Session {
                 summary: format!("{} is blocked after {threshold} failures", call.name),
             });
         }
-        live.outbox.emit(EventKind::ToolMetric {
-            record: record.clone(),
-        });
+        live.outbox.emit(EventKind::ToolMetric { record: record.clone() });
         live.outbox.write(StoreWrite::ToolExecution(record.clone()));
         if !new_documents.is_empty() {
             live.outbox.write(StoreWrite::Documents(new_documents));
         }
-        self.append_message(
-            live,
-            turn,
-            Message::tool_result(call.call_id.clone(), outcome.to_model_text()),
-        );
+        let message = Message::tool_result(call.call_id.clone(), outcome.to_model_text());
+        live.outbox.write(StoreWrite::Message(StoredMessage { turn, message: message.clone() }));
         let skip = match &outcome {
             ToolOutcome::Skipped { reason, .. } => Some(*reason),
             _ => None,
         };
-        if let Phase::Tools(tools) | Phase::WaitingInput(tools) = &mut live.phase
-            && let Some(slot) = tools.results.get_mut(index)
+        if let Some(tools) = tools_mut(live)
+            && index < tools.calls.len()
         {
-            *slot = Some(CallSummary {
-                tool: call.name,
-                status: record.status.as_str(),
-                skip,
-            });
+            tools.results[index] = Some(CallSummary { tool: call.name, status: record.status.as_str(), skip });
+            tools.messages[index] = Some(message);
         }
     }
 
@@ -762,21 +601,14 @@ impl Session {
             Ok(Ok(plan)) => {
                 live.plan = plan.clone();
                 live.outbox.write(StoreWrite::Plan(plan.clone()));
-                live.outbox
-                    .emit(EventKind::PlanUpdated { plan: plan.clone() });
-                ToolOutcome::Ok {
-                    value: Value::String(crate::planner::render(&plan)),
-                    fragments: Vec::new(),
-                }
+                live.outbox.emit(EventKind::PlanUpdated { plan: plan.clone() });
+                ToolOutcome::Ok { value: Value::String(crate::planner::render(&plan)), fragments: Vec::new() }
             }
             Ok(Err(error)) => ToolOutcome::failed("invalid_plan", error.to_string()),
             Err(error) => {
                 warn!(run_id = %live.run.run_id, %error, "planner unreachable; restarting it");
                 self.restart_planner(myself, live).await?;
-                ToolOutcome::failed(
-                    "planner_unavailable",
-                    "the planner restarted; write the list again",
-                )
+                ToolOutcome::failed("planner_unavailable", "the planner restarted; write the list again")
             }
         };
         let elapsed = clock.elapsed().as_millis() as u64;
@@ -822,29 +654,13 @@ impl Session {
             status,
             error,
         };
-        ToolResult {
-            turn,
-            index,
-            call,
-            outcome,
-            record,
-            newly_blocked: false,
-            new_documents: Vec::new(),
-            summary,
-        }
+        ToolResult { turn, index, call, outcome, record, newly_blocked: false, new_documents: Vec::new(), summary }
     }
 
-    async fn restart_planner(
-        &self,
-        myself: &ActorRef<SessionMsg>,
-        live: &mut Live,
-    ) -> Result<(), ActorProcessingErr> {
+    async fn restart_planner(&self, myself: &ActorRef<SessionMsg>, live: &mut Live) -> Result<(), ActorProcessingErr> {
         metrics::actor_restarted("planner");
-        let planner = Planner {
-            config: self.shared.config.planner.clone(),
-        };
-        let (planner, _) =
-            Actor::spawn_linked(None, planner, live.plan.clone(), myself.get_cell()).await?;
+        let planner = Planner { config: self.shared.config.planner.clone() };
+        let (planner, _) = Actor::spawn_linked(None, planner, live.plan.clone(), myself.get_cell()).await?;
         live.planner = planner;
         Ok(())
     }
@@ -869,21 +685,15 @@ impl Session {
         let call = tools.calls[ask].clone();
         live.phase = Phase::Tools(tools);
         live.run.status = RunStatus::Running;
-        live.outbox
-            .emit(EventKind::InputReceived { text: text.clone() });
-        live.outbox.write(StoreWrite::Status {
-            status: RunStatus::Running,
-            reason: None,
-        });
-        let outcome = ToolOutcome::Ok {
-            value: Value::String(text),
-            fragments: Vec::new(),
-        };
+        live.outbox.emit(EventKind::InputReceived { text: text.clone() });
+        live.outbox.write(StoreWrite::Status { status: RunStatus::Running, reason: None });
+        let outcome = ToolOutcome::Ok { value: Value::String(text), fragments: Vec::new() };
         let result = self.builtin_result(live, turn, ask, call, outcome, Utc::now(), 0);
         self.record_result(live, result);
         self.flush(live).await?;
         let _ = reply.send(Ok(()));
-        self.maybe_end_tools(myself, live).await
+        // A resumed turn has not walked its calls yet; answered ones are skipped.
+        self.advance_tools(myself, live).await
     }
 
     /// Asks the reviewer about `turn`. Every turn of every run passes here exactly
@@ -910,11 +720,7 @@ impl Session {
             blocked_tools: live.ledger.blocked_tools(turn + 1),
             synthesis,
         });
-        live.phase = Phase::Review {
-            turn,
-            final_answer,
-            synthesis,
-        };
+        live.phase = Phase::Review { turn, final_answer, synthesis };
         let session = myself.clone();
         let reply = ReviewReply::new(input.clone(), move |review| {
             let _ = session.cast(SessionMsg::Reviewed { turn, review });
@@ -927,11 +733,7 @@ impl Session {
         };
         // If the reviewer is down, the message (and its reply) is dropped right here,
         // and the reply's drop sends the degraded rule-based review.
-        let sent = self
-            .shared
-            .handles
-            .reviewer()
-            .is_some_and(|reviewer| reviewer.cast(message).is_ok());
+        let sent = self.shared.handles.reviewer().is_some_and(|reviewer| reviewer.cast(message).is_ok());
         if !sent {
             warn!(run_id = %live.run.run_id, "reviewer unreachable; using the rules");
         }
@@ -945,20 +747,12 @@ impl Session {
         turn: u32,
         review: Review,
     ) -> Result<(), ActorProcessingErr> {
-        let Phase::Review {
-            turn: current,
-            final_answer,
-            synthesis,
-        } = std::mem::replace(&mut live.phase, Phase::Idle)
+        let Phase::Review { turn: current, final_answer, synthesis } = std::mem::replace(&mut live.phase, Phase::Idle)
         else {
             return Ok(());
         };
         if current != turn {
-            live.phase = Phase::Review {
-                turn: current,
-                final_answer,
-                synthesis,
-            };
+            live.phase = Phase::Review { turn: current, final_answer, synthesis };
             return Ok(());
         }
         metrics::review(
@@ -968,9 +762,7 @@ impl Session {
             review.completeness,
             review.relevance,
         );
-        if let (Recommendation::Replan, Some(items)) =
-            (review.recommendation, review.updated_plan.clone())
-        {
+        if let (Recommendation::Replan, Some(items)) = (review.recommendation, review.updated_plan.clone()) {
             match ractor::call!(live.planner, |reply| PlannerMsg::Replace { items, reply }) {
                 Ok(Ok(plan)) => {
                     live.plan = plan.clone();
@@ -983,26 +775,12 @@ impl Session {
                 Err(error) => warn!(run_id = %live.run.run_id, %error, "planner unreachable"),
             }
         }
-        live.outbox.emit(EventKind::Review {
-            turn,
-            review: review.clone(),
-        });
-        live.outbox.write(StoreWrite::Review {
-            turn,
-            review: review.clone(),
-        });
+        live.outbox.emit(EventKind::Review { turn, review: review.clone() });
+        live.outbox.write(StoreWrite::Review { turn, review: review.clone() });
         self.append_message(live, turn, prompt::review_message(turn, &review));
         live.outbox.emit(EventKind::TurnEnd { turn });
         metrics::turn_finished(live.turn_clock.elapsed());
-        self.next_step(
-            myself,
-            live,
-            turn,
-            final_answer,
-            synthesis,
-            review.recommendation,
-        )
-        .await
+        self.next_step(myself, live, turn, final_answer, synthesis, review.recommendation).await
     }
 
     /// After a reviewed turn: answer, continue, or force the synthesis turn.
@@ -1026,8 +804,7 @@ impl Session {
                     live.reflections += 1;
                     self.start_turn(myself, live, turn + 1).await
                 } else {
-                    self.finish(myself, live, RunStatus::Succeeded, None, Some(answer))
-                        .await
+                    self.finish(myself, live, RunStatus::Succeeded, None, Some(answer)).await
                 }
             }
             // A tool turn at the limit is followed by the synthesis turn (max_turns + 1).
@@ -1044,9 +821,7 @@ impl Session {
         reason: Option<String>,
         answer: Option<String>,
     ) -> Result<(), ActorProcessingErr> {
-        if let Some(task) = live.model_task.take() {
-            task.abort();
-        }
+        live.model_task = None;
         live.cancel.cancel();
         if let Phase::Tools(tools) | Phase::WaitingInput(tools) = &live.phase {
             // Calls still running are cut off by the cancel; record them as interrupted.
@@ -1072,23 +847,26 @@ impl Session {
             live.outbox.write(StoreWrite::FinalOutput(text.clone()));
             live.outbox.emit(EventKind::FinalOutput { text, citations });
         }
-        live.outbox.emit(EventKind::RunEnd {
-            status,
-            reason: reason.clone(),
-        });
-        live.outbox.write(StoreWrite::Status {
-            status,
-            reason: reason.clone(),
-        });
+        live.outbox.emit(EventKind::RunEnd { status, reason: reason.clone() });
+        live.outbox.write(StoreWrite::Status { status, reason: reason.clone() });
         live.run.status = status;
         live.phase = Phase::Finished;
         self.flush(live).await?;
         self.shared.hub.close(live.run.run_id);
         metrics::run_finished(&live.agent.name, status.as_str());
         info!(run_id = %live.run.run_id, status = status.as_str(), reason = reason.as_deref().unwrap_or(""), "run finished");
-        live.planner.stop(None);
+        // Stopping the session also stops its planner (a linked child).
         myself.stop(None);
         Ok(())
+    }
+}
+
+/// Aborts an offloaded task when dropped.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -1123,18 +901,12 @@ fn over_budget(limits: &Limits, usage: &Usage) -> Option<String> {
     if let Some(max) = limits.max_tokens
         && usage.total_tokens() >= max
     {
-        return Some(format!(
-            "the token budget of {max} is spent ({} used)",
-            usage.total_tokens()
-        ));
+        return Some(format!("the token budget of {max} is spent ({} used)", usage.total_tokens()));
     }
     if let Some(max) = limits.max_cost_usd
         && usage.cost_usd >= max
     {
-        return Some(format!(
-            "the cost budget of ${max:.4} is spent (${:.4} used)",
-            usage.cost_usd
-        ));
+        return Some(format!("the cost budget of ${max:.4} is spent (${:.4} used)", usage.cost_usd));
     }
     None
 }

@@ -38,37 +38,20 @@ pub fn ask_user_question(args: &Value) -> Option<String> {
         }
         other => other,
     };
-    args.get("question")
-        .and_then(Value::as_str)
-        .filter(|q| !q.trim().is_empty())
-        .map(str::to_owned)
+    args.get("question").and_then(Value::as_str).filter(|q| !q.trim().is_empty()).map(str::to_owned)
 }
 
 /// Tools offered this turn: the built-ins, then the agent's registered tools that
 /// are not blocked.
-pub fn offered_tools(
-    agent: &AgentConfig,
-    registry: &ToolRegistry,
-    blocked: &[String],
-) -> Vec<ToolDefinition> {
+pub fn offered_tools(agent: &AgentConfig, registry: &ToolRegistry, blocked: &[String]) -> Vec<ToolDefinition> {
     let mut tools = vec![planner::todo_write_definition(), ask_user_definition()];
-    tools.extend(
-        agent
-            .tools
-            .iter()
-            .filter(|name| !blocked.contains(name))
-            .filter_map(|name| registry.definition(name)),
-    );
+    tools
+        .extend(agent.tools.iter().filter(|name| !blocked.contains(name)).filter_map(|name| registry.definition(name)));
     tools
 }
 
 /// The system prompt: instructions, the plan, and the tools on offer.
-pub fn system_prompt(
-    agent: &AgentConfig,
-    plan: &Plan,
-    tools: &[ToolDefinition],
-    blocked: &[String],
-) -> String {
+pub fn system_prompt(agent: &AgentConfig, plan: &Plan, tools: &[ToolDefinition], blocked: &[String]) -> String {
     let mut text = String::with_capacity(agent.instructions.len() + 512);
     text.push_str(&agent.instructions);
     text.push_str("\n\n");
@@ -78,10 +61,7 @@ pub fn system_prompt(
         text.push_str(&format!("- {}: {}\n", tool.name, tool.description));
     }
     if !blocked.is_empty() {
-        text.push_str(&format!(
-            "(blocked for now after repeated failures: {})\n",
-            blocked.join(", ")
-        ));
+        text.push_str(&format!("(blocked for now after repeated failures: {})\n", blocked.join(", ")));
     }
     text.push_str("</available_tools>");
     text
@@ -110,11 +90,7 @@ pub fn build_request(
     ChatRequest {
         messages,
         tools: if synthesis { Vec::new() } else { tools },
-        tool_choice: if synthesis {
-            ToolChoice::None
-        } else {
-            ToolChoice::Auto
-        },
+        tool_choice: if synthesis { ToolChoice::None } else { ToolChoice::Auto },
         max_tokens: None,
         temperature: None,
     }
@@ -122,11 +98,8 @@ pub fn build_request(
 
 /// The review as the model reads it next turn.
 pub fn review_message(turn: u32, review: &Review) -> Message {
-    let mut text = format!(
-        "<review turn=\"{turn}\" recommendation=\"{}\">\n{}\n",
-        review.recommendation.as_str(),
-        review.notes
-    );
+    let mut text =
+        format!("<review turn=\"{turn}\" recommendation=\"{}\">\n{}\n", review.recommendation.as_str(), review.notes);
     for gap in &review.gaps {
         text.push_str(&format!("gap: {gap}\n"));
     }
@@ -148,10 +121,7 @@ pub fn resolve_citations(text: &str, documents: &[Fragment]) -> Vec<Citation> {
         if let Ok(marker) = rest[..close].trim().parse::<usize>() {
             let known = marker >= 1 && marker <= documents.len();
             if known && !citations.iter().any(|c| c.marker == marker) {
-                citations.push(Citation {
-                    marker,
-                    fragment: documents[marker - 1].clone(),
-                });
+                citations.push(Citation { marker, fragment: documents[marker - 1].clone() });
             }
         }
         rest = &rest[close + 1..];
@@ -176,10 +146,7 @@ mod tests {
             title: String::new(),
             snippet: String::new(),
         };
-        let citations = resolve_citations(
-            "A [2], B [1] and [2] again, C [9], D [x]",
-            &[doc("a"), doc("b")],
-        );
+        let citations = resolve_citations("A [2], B [1] and [2] again, C [9], D [x]", &[doc("a"), doc("b")]);
         let markers: Vec<usize> = citations.iter().map(|c| c.marker).collect();
         assert_eq!(markers, vec![2, 1]);
         assert_eq!(citations[0].fragment.id, "b");
@@ -187,14 +154,8 @@ mod tests {
 
     #[test]
     fn ask_user_reads_the_question_from_text_or_object() {
-        assert_eq!(
-            ask_user_question(&json!({"question": "which?"})).as_deref(),
-            Some("which?")
-        );
-        assert_eq!(
-            ask_user_question(&json!("{\"question\": \"why?\"}")).as_deref(),
-            Some("why?")
-        );
+        assert_eq!(ask_user_question(&json!({"question": "which?"})).as_deref(), Some("which?"));
+        assert_eq!(ask_user_question(&json!("{\"question\": \"why?\"}")).as_deref(), Some("why?"));
         assert_eq!(ask_user_question(&json!({"q": 1})), None);
     }
 }

@@ -20,7 +20,7 @@ use crate::protocol::{CallStatus, RunStatus, SkipReason, ToolOutcome};
 use crate::reviewer::CallSummary;
 use crate::session::prompt::ASK_USER;
 use crate::session::{Live, Outbox, Phase, Session, SessionMsg, SessionState, ToolTurn};
-use crate::store::RunSnapshot;
+use crate::store::{RunSnapshot, StoredMessage};
 use crate::tool_pool::WorkItem;
 
 impl Session {
@@ -43,23 +43,12 @@ impl Session {
             return Ok(());
         }
         let known_agent = self.shared.agents.get(&snapshot.run.agent).cloned();
-        let agent = known_agent
-            .clone()
-            .unwrap_or_else(|| AgentConfig::new(snapshot.run.agent.clone(), "", Vec::new()));
+        let agent = known_agent.clone().unwrap_or_else(|| AgentConfig::new(snapshot.run.agent.clone(), "", Vec::new()));
         let model = self.shared.models.get(agent.model.as_deref());
-        let planner = Planner {
-            config: self.shared.config.planner.clone(),
-        };
-        let (planner, _) =
-            Actor::spawn_linked(None, planner, snapshot.plan.clone(), myself.get_cell()).await?;
+        let planner = Planner { config: self.shared.config.planner.clone() };
+        let (planner, _) = Actor::spawn_linked(None, planner, snapshot.plan.clone(), myself.get_cell()).await?;
         let run = &snapshot.run;
-        let mut conversation = vec![Message::text(Role::User, run.input.clone())];
-        conversation.extend(
-            snapshot
-                .messages
-                .iter()
-                .map(|stored| stored.message.clone()),
-        );
+        let conversation = canonical_conversation(&run.input, &snapshot.messages);
         let max_turns = run.limits.max_turns;
         let reflections = snapshot
             .messages
@@ -69,9 +58,7 @@ impl Session {
             .count() as u32;
         let live = state.live.insert(Live {
             run: run.clone(),
-            model: model
-                .clone()
-                .unwrap_or_else(|| self.shared.models.fallback()),
+            model: model.clone().unwrap_or_else(|| self.shared.models.fallback()),
             agent,
             planner,
             plan: snapshot.plan.clone(),
@@ -96,9 +83,7 @@ impl Session {
         });
         if known_agent.is_none() || model.is_none() {
             let reason = format!("agent {} or its model is not configured", live.run.agent);
-            return self
-                .finish(myself, live, RunStatus::Failed, Some(reason), None)
-                .await;
+            return self.finish(myself, live, RunStatus::Failed, Some(reason), None).await;
         }
         if live.run.turn > 0 {
             info!(run_id = %live.run.run_id, turn = live.run.turn, "resuming run from the store");
@@ -123,19 +108,8 @@ impl Session {
             .find(|m| m.turn == turn && m.message.role == Role::Assistant)
             .map(|m| m.message.clone());
         if let Some((_, review)) = snapshot.reviews.iter().rev().find(|(t, _)| *t == turn) {
-            let final_answer = assistant
-                .filter(|a| a.tool_calls.is_empty())
-                .map(|a| a.content);
-            return self
-                .next_step(
-                    myself,
-                    live,
-                    turn,
-                    final_answer,
-                    synthesis,
-                    review.recommendation,
-                )
-                .await;
+            let final_answer = assistant.filter(|a| a.tool_calls.is_empty()).map(|a| a.content);
+            return self.next_step(myself, live, turn, final_answer, synthesis, review.recommendation).await;
         }
         let Some(assistant) = assistant else {
             // The turn's reply never committed: this is the one request that is repeated.
@@ -144,12 +118,9 @@ impl Session {
             return Ok(());
         };
         if assistant.tool_calls.is_empty() {
-            return self
-                .request_review(myself, live, turn, Some(assistant.content), synthesis)
-                .await;
+            return self.request_review(myself, live, turn, Some(assistant.content), synthesis).await;
         }
-        self.resume_tools(myself, live, snapshot, turn, assistant)
-            .await
+        self.resume_tools(myself, live, snapshot, turn, assistant).await
     }
 
     /// A turn whose reply asked for tools: answered calls keep their results, a
@@ -174,27 +145,27 @@ impl Session {
             .filter(|record| record.turn == turn)
             .map(|record| (record.call_id.as_str(), record))
             .collect();
+        // The turn's results wait in the ToolTurn until every call is answered.
+        let answered_here = live.conversation.iter().rposition(|m| m.role == Role::Assistant).map_or(0, |at| at + 1);
+        live.conversation.truncate(answered_here);
         let mut tools = ToolTurn::new(turn, assistant.tool_calls);
         let mut interrupted = Vec::new();
         for (index, call) in tools.calls.iter().enumerate() {
             let record = records.get(call.call_id.as_str());
             if answered.contains(&call.call_id.as_str()) {
                 let status = record.map_or("completed", |r| r.status.as_str());
-                let skip = record
-                    .and_then(|r| r.error.as_deref())
-                    .and_then(skip_reason);
-                tools.results[index] = Some(CallSummary {
-                    tool: call.name.clone(),
-                    status,
-                    skip,
-                });
+                let skip = record.and_then(|r| r.error.as_deref()).and_then(skip_reason);
+                tools.results[index] = Some(CallSummary { tool: call.name.clone(), status, skip });
+                tools.messages[index] = snapshot
+                    .messages
+                    .iter()
+                    .find(|m| m.turn == turn && m.message.tool_call_id.as_deref() == Some(call.call_id.as_str()))
+                    .map(|m| m.message.clone());
             } else if call.name == ASK_USER {
                 if live.run.status == RunStatus::WaitingInput {
                     tools.ask = Some(index);
                 }
-            } else if record.is_some_and(|r| r.status == CallStatus::Started)
-                && !self.idempotent(&call.name)
-            {
+            } else if record.is_some_and(|r| r.status == CallStatus::Started) && !self.idempotent(&call.name) {
                 interrupted.push(index);
             }
         }
@@ -232,21 +203,41 @@ impl Session {
     }
 
     fn idempotent(&self, tool: &str) -> bool {
-        self.shared
-            .pool
-            .registry
-            .get(tool)
-            .is_some_and(|registered| registered.tool.idempotent())
+        self.shared.pool.registry.get(tool).is_some_and(|registered| registered.tool.idempotent())
     }
 }
 
+/// The conversation as the model sees it: the request, then each turn's reply,
+/// its tool results in call order, and its review.
+fn canonical_conversation(input: &str, messages: &[StoredMessage]) -> Vec<Message> {
+    let mut ordered: Vec<&StoredMessage> = messages.iter().collect();
+    let rank = |stored: &StoredMessage| -> (u32, usize) {
+        let message = &stored.message;
+        let in_turn = match message.role {
+            Role::Assistant => 0,
+            Role::Tool => {
+                let reply = messages.iter().find(|m| m.turn == stored.turn && m.message.role == Role::Assistant);
+                let index = reply.and_then(|reply| {
+                    reply
+                        .message
+                        .tool_calls
+                        .iter()
+                        .position(|call| Some(call.call_id.as_str()) == message.tool_call_id.as_deref())
+                });
+                1 + index.unwrap_or(usize::MAX / 2)
+            }
+            _ => usize::MAX,
+        };
+        (stored.turn, in_turn)
+    };
+    ordered.sort_by_key(|stored| rank(stored));
+    let mut conversation = vec![Message::text(Role::User, input.to_owned())];
+    conversation.extend(ordered.into_iter().map(|stored| stored.message.clone()));
+    conversation
+}
+
 fn skip_reason(code: &str) -> Option<SkipReason> {
-    [
-        SkipReason::Duplicate,
-        SkipReason::Blocked,
-        SkipReason::InvalidArgs,
-        SkipReason::Denied,
-    ]
-    .into_iter()
-    .find(|reason| reason.as_str() == code)
+    [SkipReason::Duplicate, SkipReason::Blocked, SkipReason::InvalidArgs, SkipReason::Denied]
+        .into_iter()
+        .find(|reason| reason.as_str() == code)
 }

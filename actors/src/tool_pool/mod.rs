@@ -18,9 +18,7 @@ use tracing::{error, warn};
 use crate::metrics;
 use crate::protocol::ToolOutcome;
 
-pub use worker::{
-    PoolShared, ToolResult, ToolWorker, ToolWorkerMsg, WorkItem, execute, finish, idempotency_key,
-};
+pub use worker::{PoolShared, ToolResult, ToolWorker, ToolWorkerMsg, WorkItem, execute, finish, idempotency_key};
 
 /// Where a call's result goes; called exactly once.
 pub type ToolReply = Box<dyn FnOnce(ToolResult) + Send + 'static>;
@@ -66,11 +64,7 @@ pub struct ToolPoolConfig {
 
 impl Default for ToolPoolConfig {
     fn default() -> Self {
-        Self {
-            workers: 8,
-            queue_limit: 1024,
-            default_timeout: Duration::from_secs(30),
-        }
+        Self { workers: 8, queue_limit: 1024, default_timeout: Duration::from_secs(30) }
     }
 }
 
@@ -101,20 +95,12 @@ impl Actor for ToolPool {
     type State = ToolPoolState;
     type Arguments = ();
 
-    async fn pre_start(
-        &self,
-        myself: ActorRef<ToolPoolMsg>,
-        _: (),
-    ) -> Result<ToolPoolState, ActorProcessingErr> {
+    async fn pre_start(&self, myself: ActorRef<ToolPoolMsg>, _: ()) -> Result<ToolPoolState, ActorProcessingErr> {
         let mut idle = Vec::with_capacity(self.config.workers);
         for _ in 0..self.config.workers.max(1) {
             idle.push(self.spawn_worker(&myself).await?);
         }
-        Ok(ToolPoolState {
-            idle,
-            busy: HashMap::new(),
-            queue: VecDeque::new(),
-        })
+        Ok(ToolPoolState { idle, busy: HashMap::new(), queue: VecDeque::new() })
     }
 
     async fn handle(
@@ -127,18 +113,9 @@ impl Actor for ToolPool {
             ToolPoolMsg::Execute(job) => {
                 if state.queue.len() >= self.config.queue_limit {
                     warn!(run_id = %job.work.run_id, tool = %job.work.call.name, "tool queue full");
-                    let outcome = ToolOutcome::failed(
-                        "pool_overloaded",
-                        "too many tool calls are waiting; try again later",
-                    );
-                    let result = worker::finish(
-                        &self.shared,
-                        &job.work,
-                        outcome,
-                        Utc::now(),
-                        Duration::ZERO,
-                        0.0,
-                    );
+                    let outcome =
+                        ToolOutcome::failed("pool_overloaded", "too many tool calls are waiting; try again later");
+                    let result = worker::finish(&self.shared, &job.work, outcome, Utc::now(), Duration::ZERO, 0.0);
                     (job.reply)(result);
                 } else {
                     state.queue.push_back(job);
@@ -170,10 +147,7 @@ impl Actor for ToolPool {
                 state.idle.retain(|worker| worker.get_id() != id);
                 if let Some((_, in_flight)) = state.busy.remove(&id) {
                     error!(run_id = %in_flight.work.run_id, tool = %in_flight.work.call.name, %reason, "tool worker crashed");
-                    let outcome = ToolOutcome::failed(
-                        "worker_crashed",
-                        "the tool crashed while running this call",
-                    );
+                    let outcome = ToolOutcome::failed("worker_crashed", "the tool crashed while running this call");
                     let result = worker::finish(
                         &self.shared,
                         &in_flight.work,
@@ -204,10 +178,7 @@ impl ToolPool {
         &self,
         myself: &ActorRef<ToolPoolMsg>,
     ) -> Result<ActorRef<ToolWorkerMsg>, ActorProcessingErr> {
-        let worker = ToolWorker {
-            shared: self.shared.clone(),
-            pool: myself.clone(),
-        };
+        let worker = ToolWorker { shared: self.shared.clone(), pool: myself.clone() };
         let (worker_ref, _) = Actor::spawn_linked(None, worker, (), myself.get_cell()).await?;
         Ok(worker_ref)
     }
@@ -229,11 +200,7 @@ impl ToolPool {
                 state.queue.push_front(job);
                 continue;
             }
-            let in_flight = InFlight {
-                work: job.work,
-                reply: job.reply,
-                started: Instant::now(),
-            };
+            let in_flight = InFlight { work: job.work, reply: job.reply, started: Instant::now() };
             state.busy.insert(worker.get_id(), (worker, in_flight));
         }
         metrics::tool_queue_depth(state.queue.len());

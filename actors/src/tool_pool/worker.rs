@@ -83,11 +83,7 @@ impl Actor for ToolWorker {
     type State = ();
     type Arguments = ();
 
-    async fn pre_start(
-        &self,
-        _myself: ActorRef<ToolWorkerMsg>,
-        _: (),
-    ) -> Result<(), ActorProcessingErr> {
+    async fn pre_start(&self, _myself: ActorRef<ToolWorkerMsg>, _: ()) -> Result<(), ActorProcessingErr> {
         Ok(())
     }
 
@@ -102,10 +98,7 @@ impl Actor for ToolWorker {
                 let span = info_span!("tool_call", run_id = %work.run_id, tool = %work.call.name, turn = work.turn);
                 let result = execute(&self.shared, work).instrument(span).await;
                 // The pool is gone only at shutdown; the result then has nobody to go to.
-                let _ = self.pool.cast(ToolPoolMsg::Done {
-                    worker: myself.get_id(),
-                    result: Box::new(result),
-                });
+                let _ = self.pool.cast(ToolPoolMsg::Done { worker: myself.get_id(), result: Box::new(result) });
             }
         }
         Ok(())
@@ -148,14 +141,7 @@ pub async fn execute(shared: &PoolShared, work: WorkItem) -> ToolResult {
         }
     };
     let outcome = shared.chain.after(&context, &work.call, outcome).await;
-    finish(
-        shared,
-        &work,
-        outcome,
-        started_at,
-        clock.elapsed(),
-        cost_usd,
-    )
+    finish(shared, &work, outcome, started_at, clock.elapsed(), cost_usd)
 }
 
 /// The deterministic idempotency key of call `index` of `turn`.
@@ -182,24 +168,13 @@ pub fn finish(
         ToolOutcome::Interrupted => Some("interrupted".to_owned()),
     };
     let config = &shared.chain.config;
-    let newly_blocked = work.ledger.record(
-        work.turn,
-        &call.name,
-        &call.call_id,
-        &call.args,
-        status,
-        error.as_deref(),
-        config,
-    );
+    let newly_blocked =
+        work.ledger.record(work.turn, &call.name, &call.call_id, &call.args, status, error.as_deref(), config);
     let new_documents = match &outcome {
         ToolOutcome::Ok { fragments, .. } => work.ledger.add_documents(fragments),
         _ => Vec::new(),
     };
-    let duration_ms = if matches!(outcome, ToolOutcome::Skipped { .. }) {
-        0
-    } else {
-        elapsed.as_millis() as u64
-    };
+    let duration_ms = if matches!(outcome, ToolOutcome::Skipped { .. }) { 0 } else { elapsed.as_millis() as u64 };
     match &outcome {
         ToolOutcome::Skipped { reason, .. } => metrics::tool_skipped(&call.name, reason.as_str()),
         _ => metrics::tool_call(&call.name, status.as_str(), elapsed),

@@ -1,0 +1,94 @@
+//! Controlling runs: ask_user, cancel, admission.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::protocol::{CallStatus, EventKind, RunStatus};
+use crate::runtime::{CancelError, InputError, SubmitError, SubmitRequest};
+use crate::testing::{ScriptedModel, Step, calls, text};
+use crate::tests::{AGENT, Setup, collect, tool_messages, wait_for};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ask_user_parks_the_run_until_input_arrives() {
+    let model = ScriptedModel::per_turn(vec![
+        calls(&[("ask_user", json!({"question": "which account?"}))]),
+        text("paid from work"),
+    ]);
+    let harness = Setup::new(model).start().await;
+    let run_id = harness.submit("pay the bill").await;
+    let mut events = harness.runtime.subscribe(run_id, 0);
+    let parked = wait_for(&mut events, |kind| matches!(kind, EventKind::WaitingInput { .. })).await;
+    assert!(matches!(&parked.kind, EventKind::WaitingInput { prompt } if prompt == "which account?"));
+    assert_eq!(harness.runtime.get(run_id).await.unwrap().unwrap().status, RunStatus::WaitingInput);
+
+    harness.runtime.input(run_id, "the work one".into()).await.unwrap();
+    let (record, all) = harness.finish(run_id).await;
+    assert_eq!(record.status, RunStatus::Succeeded);
+    assert_eq!(tool_messages(&harness.requests()[1]), vec!["the work one".to_owned()]);
+    assert!(all.iter().any(|e| matches!(&e.kind, EventKind::InputReceived { text } if text == "the work one")));
+    assert_eq!(harness.runtime.input(run_id, "late".into()).await, Err(InputError::NotWaiting));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn input_for_a_run_that_is_not_waiting_is_refused() {
+    let harness = Setup::new(ScriptedModel::per_turn(vec![Step::Hang])).start().await;
+    let run_id = harness.submit("think").await;
+    assert_eq!(harness.runtime.input(run_id, "hello".into()).await, Err(InputError::NotWaiting));
+    assert_eq!(harness.runtime.input(crate::protocol::RunId::new(), "x".into()).await, Err(InputError::NotFound));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_stops_a_run_waiting_on_the_model() {
+    let harness = Setup::new(ScriptedModel::per_turn(vec![Step::Hang])).start().await;
+    let run_id = harness.submit("think forever").await;
+    let mut events = harness.runtime.subscribe(run_id, 0);
+    wait_for(&mut events, |kind| matches!(kind, EventKind::TurnStart { .. })).await;
+
+    harness.runtime.cancel(run_id).await.unwrap();
+    let (record, all) = harness.finish(run_id).await;
+    assert_eq!(record.status, RunStatus::Cancelled);
+    assert!(matches!(all.last().map(|e| &e.kind), Some(EventKind::RunEnd { status: RunStatus::Cancelled, .. })));
+    assert_eq!(harness.runtime.cancel(run_id).await, Err(CancelError::AlreadyEnded(RunStatus::Cancelled)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_interrupts_a_running_tool() {
+    let model = ScriptedModel::per_turn(vec![calls(&[("slow", json!({}))])]);
+    let harness = Setup::new(model).start().await;
+    let run_id = harness.submit("slow work").await;
+    let mut events = harness.runtime.subscribe(run_id, 0);
+    wait_for(&mut events, |kind| matches!(kind, EventKind::ToolCallStart { .. })).await;
+
+    harness.runtime.cancel(run_id).await.unwrap();
+    let (record, _) = harness.finish(run_id).await;
+    assert_eq!(record.status, RunStatus::Cancelled);
+    let snapshot = harness.runtime.store().load(run_id).await.unwrap().unwrap();
+    assert_eq!(snapshot.tool_executions[0].status, CallStatus::Interrupted);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_refuses_runs_beyond_the_limit_until_a_slot_frees() {
+    let mut setup = Setup::new(ScriptedModel::per_turn(vec![Step::Hang]));
+    setup.config.max_active_runs = 1;
+    let harness = setup.start().await;
+    let first = harness.submit("occupy the slot").await;
+    let refused = harness.runtime.submit(SubmitRequest::new(AGENT, "one too many")).await;
+    assert_eq!(refused, Err(SubmitError::Overloaded { limit: 1 }));
+    let unknown = harness.runtime.submit(SubmitRequest::new("nobody", "hi")).await;
+    assert_eq!(unknown, Err(SubmitError::UnknownAgent("nobody".into())));
+
+    harness.runtime.cancel(first).await.unwrap();
+    collect(harness.runtime.subscribe(first, 0)).await;
+    // The slot frees when the session has stopped, just after its last commit.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match harness.runtime.submit(SubmitRequest::new(AGENT, "next")).await {
+            Ok(_) => break,
+            Err(SubmitError::Overloaded { .. }) if tokio::time::Instant::now() < deadline => {
+                tokio::task::yield_now().await
+            }
+            Err(error) => panic!("the slot never freed: {error}"),
+        }
+    }
+}

@@ -1,0 +1,165 @@
+//! Actor-tree tests: a real `Runtime` with a scripted model, test tools and the
+//! memory store. Each test drives runs and asserts on their committed events.
+
+mod control;
+mod hooks_e2e;
+mod supervision;
+mod turn_loop;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::stream::BoxStream;
+
+use crate::config::{AgentConfig, RuntimeConfig};
+use crate::llm::{ChatRequest, ModelRegistry};
+use crate::protocol::{EventKind, Limits, RunEvent, RunId};
+use crate::runtime::{Deps, Runtime, SubmitRequest};
+use crate::store::{MemoryStore, RunRecord, RunStore, StoreError};
+use crate::testing::{EchoTool, FailingTool, LedgerTool, PanickingTool, ScriptedModel, SearchTool, SlowTool};
+use crate::tool::{Tool, ToolRegistry};
+
+/// The agent every test uses, with every test tool.
+const AGENT: &str = "tester";
+
+struct Harness {
+    runtime: Runtime,
+    model: Arc<ScriptedModel>,
+    ledger: LedgerTool,
+}
+
+struct Setup {
+    model: ScriptedModel,
+    config: RuntimeConfig,
+    limits: Limits,
+    store: Arc<dyn RunStore>,
+    extra_tools: Vec<Arc<dyn Tool>>,
+}
+
+impl Setup {
+    fn new(model: ScriptedModel) -> Self {
+        Self {
+            model,
+            config: RuntimeConfig::default(),
+            limits: Limits::default(),
+            store: Arc::new(MemoryStore::new()),
+            extra_tools: Vec::new(),
+        }
+    }
+
+    async fn start(self) -> Harness {
+        let ledger = LedgerTool::default();
+        let mut tools: Vec<Arc<dyn Tool>> = vec![
+            Arc::new(EchoTool),
+            Arc::new(FailingTool),
+            Arc::new(PanickingTool),
+            Arc::new(SearchTool),
+            Arc::new(ledger.clone()),
+        ];
+        if self.extra_tools.is_empty() {
+            tools.push(Arc::new(SlowTool { delay: Duration::from_secs(3600), timeout: None }));
+        }
+        tools.extend(self.extra_tools);
+        let mut registry = ToolRegistry::new();
+        for tool in tools {
+            registry.register(tool).unwrap();
+        }
+        let mut agent = AgentConfig::new(AGENT, "You are a test agent.", registry.names());
+        agent.limits = self.limits;
+        let model = Arc::new(self.model);
+        let deps = Deps {
+            store: self.store,
+            models: ModelRegistry::new(model.clone()),
+            tools: registry,
+            hooks: Vec::new(),
+            agents: vec![agent],
+        };
+        let runtime = Runtime::start(self.config, deps).await.unwrap();
+        Harness { runtime, model, ledger }
+    }
+}
+
+impl Harness {
+    async fn submit(&self, input: &str) -> RunId {
+        self.runtime.submit(SubmitRequest::new(AGENT, input)).await.unwrap()
+    }
+
+    /// Submits `input` and returns the run's record and all its events once it ends.
+    async fn run(&self, input: &str) -> (RunRecord, Vec<RunEvent>) {
+        let run_id = self.submit(input).await;
+        self.finish(run_id).await
+    }
+
+    async fn finish(&self, run_id: RunId) -> (RunRecord, Vec<RunEvent>) {
+        let events = collect(self.runtime.subscribe(run_id, 0)).await;
+        let record = self.runtime.get(run_id).await.unwrap().unwrap();
+        assert_gap_free(&events);
+        (record, events)
+    }
+
+    fn requests(&self) -> Vec<ChatRequest> {
+        self.model.requests()
+    }
+}
+
+/// Every event of a stream, failing the test if it does not end within a minute.
+async fn collect(stream: BoxStream<'static, Result<RunEvent, StoreError>>) -> Vec<RunEvent> {
+    let all = stream.map(|event| event.unwrap()).collect::<Vec<_>>();
+    tokio::time::timeout(Duration::from_secs(60), all).await.expect("the run did not end")
+}
+
+/// Reads `stream` until an event matches; returns it.
+async fn wait_for(
+    stream: &mut BoxStream<'static, Result<RunEvent, StoreError>>,
+    wanted: impl Fn(&EventKind) -> bool,
+) -> RunEvent {
+    let find = async {
+        while let Some(event) = stream.next().await {
+            let event = event.unwrap();
+            if wanted(&event.kind) {
+                return event;
+            }
+        }
+        panic!("the stream ended before the event came");
+    };
+    tokio::time::timeout(Duration::from_secs(60), find).await.expect("the event did not come")
+}
+
+fn assert_gap_free(events: &[RunEvent]) {
+    for (index, event) in events.iter().enumerate() {
+        assert_eq!(event.seq, index as u64 + 1, "seq gap at {index}: {:?}", event.kind);
+    }
+    assert!(matches!(events.first().map(|e| &e.kind), Some(EventKind::RunStarted { .. })));
+    assert!(matches!(events.last().map(|e| &e.kind), Some(EventKind::RunEnd { .. })));
+}
+
+fn kinds(events: &[RunEvent]) -> Vec<&'static str> {
+    events.iter().map(|event| event.kind.name()).collect()
+}
+
+fn count(events: &[RunEvent], name: &str) -> usize {
+    events.iter().filter(|event| event.kind.name() == name).count()
+}
+
+/// Turns that started and turns that were reviewed, each in order.
+fn turns_and_reviews(events: &[RunEvent]) -> (Vec<u32>, Vec<u32>) {
+    let started = events.iter().filter_map(|e| match e.kind {
+        EventKind::TurnStart { turn } => Some(turn),
+        _ => None,
+    });
+    let reviewed = events.iter().filter_map(|e| match e.kind {
+        EventKind::Review { turn, .. } => Some(turn),
+        _ => None,
+    });
+    (started.collect(), reviewed.collect())
+}
+
+/// The tool messages the model saw in `request`.
+fn tool_messages(request: &ChatRequest) -> Vec<String> {
+    request.messages.iter().filter(|m| m.role == crate::llm::Role::Tool).map(|m| m.content.clone()).collect()
+}
+
+fn offered(request: &ChatRequest) -> Vec<String> {
+    request.tools.iter().map(|tool| tool.name.clone()).collect()
+}

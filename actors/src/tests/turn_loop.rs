@@ -1,0 +1,163 @@
+//! The turn loop: planning, parallel tools, the reviewer on every turn, synthesis.
+
+use serde_json::json;
+
+use crate::llm::ToolChoice;
+use crate::protocol::{EventKind, Limits, RunStatus};
+use crate::testing::{ScriptedModel, calls, text, todo};
+use crate::tests::{Setup, count, kinds, offered, tool_messages, turns_and_reviews};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planned_run_calls_two_tools_in_parallel_and_answers() {
+    let model = ScriptedModel::per_turn(vec![
+        calls(&[("todo_write", todo(&[("1", "echo both words", "in_progress"), ("2", "answer", "pending")]))]),
+        calls(&[("echo", json!({"text": "alpha"})), ("echo", json!({"text": "beta"}))]),
+        calls(&[("todo_write", todo(&[("1", "echo both words", "completed"), ("2", "answer", "completed")]))]),
+        text("alpha and beta"),
+    ]);
+    let harness = Setup::new(model).start().await;
+    let (record, events) = harness.run("echo alpha and beta").await;
+
+    assert_eq!(record.status, RunStatus::Succeeded);
+    assert_eq!(record.final_output.as_deref(), Some("alpha and beta"));
+    let names = kinds(&events);
+    let starts: Vec<usize> = positions(&events, "tool_call_start");
+    let ends: Vec<usize> = positions(&events, "tool_call_end");
+    assert_eq!((starts.len(), ends.len()), (2, 2));
+    assert!(starts[1] < ends[0], "both calls start before either ends: {names:?}");
+    assert_eq!(count(&events, "plan_updated"), 2);
+    let steps: Vec<String> = events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::ReasoningStep { summary, .. } => Some(summary.clone()),
+            _ => None,
+        })
+        .collect();
+    assert!(steps.contains(&"Echoing 'alpha'".to_owned()), "{steps:?}");
+    assert!(
+        matches!(events.iter().rev().nth(1).map(|e| &e.kind), Some(EventKind::FinalOutput { text, .. }) if text == "alpha and beta")
+    );
+
+    let requests = harness.requests();
+    assert_eq!(requests.len(), 4);
+    let system = &requests[1].messages[0].content;
+    assert!(
+        system.contains("→ [1] echo both words") && system.contains("○ [2] answer"),
+        "turn 2 prompt shows turn 1's plan: {system}"
+    );
+    assert!(requests[3].messages[0].content.contains("✓ [2] answer"));
+    assert_eq!(tool_messages(&requests[2])[1..], ["alpha".to_owned(), "beta".to_owned()]);
+}
+
+/// Where the events named `wanted` for the echo tool stand.
+fn positions(events: &[crate::protocol::RunEvent], wanted: &str) -> Vec<usize> {
+    let echo = |kind: &EventKind| match kind {
+        EventKind::ToolCallStart { tool, .. } | EventKind::ToolCallEnd { tool, .. } => tool == "echo",
+        _ => false,
+    };
+    events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.kind.name() == wanted && echo(&e.kind))
+        .map(|(index, _)| index)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reviewer_runs_exactly_once_per_turn_in_every_shape() {
+    // Tool turns, a turn where every call fails, a final-answer turn sent back once
+    // by `gather_more`, and a forced synthesis turn.
+    let shapes = vec![
+        vec![calls(&[("echo", json!({"text": "a"}))]), text("final")],
+        vec![calls(&[("flaky", json!({})), ("flaky", json!({"x": 1}))]), text("gave up")],
+        vec![
+            calls(&[("todo_write", todo(&[("1", "look", "pending")]))]),
+            text("premature answer"),
+            text("final answer after reflection"),
+        ],
+        vec![calls(&[("echo", json!({"text": "1"}))]), calls(&[("echo", json!({"text": "2"}))]), text("synthesized")],
+    ];
+    for (shape, steps) in shapes.into_iter().enumerate() {
+        let mut setup = Setup::new(ScriptedModel::per_turn(steps));
+        // The synthesis shape runs out of turns; the others have room to reflect.
+        let max_turns = if shape == 3 { 2 } else { 3 };
+        setup.limits = Limits { max_turns, ..Limits::default() };
+        let harness = setup.start().await;
+        let (record, events) = harness.run("review every turn").await;
+        assert_eq!(record.status, RunStatus::Succeeded, "shape {shape}");
+        let (started, reviewed) = turns_and_reviews(&events);
+        assert_eq!(started, reviewed, "shape {shape}: every started turn is reviewed once");
+        assert_eq!(count(&events, "turn_end"), started.len(), "shape {shape}");
+        let expected_turns = match shape {
+            0 | 1 => 2,
+            _ => 3,
+        };
+        assert_eq!(started.len(), expected_turns, "shape {shape}: {:?}", kinds(&events));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_turns_forces_one_tool_free_synthesis_call() {
+    let model = ScriptedModel::per_turn(vec![
+        calls(&[("echo", json!({"text": "1"}))]),
+        calls(&[("echo", json!({"text": "2"}))]),
+        calls(&[("echo", json!({"text": "3"}))]),
+    ]);
+    let mut setup = Setup::new(model);
+    setup.limits = Limits { max_turns: 2, ..Limits::default() };
+    let harness = setup.start().await;
+    let (record, events) = harness.run("never stops calling tools").await;
+
+    assert_eq!(record.status, RunStatus::Succeeded);
+    let requests = harness.requests();
+    assert_eq!(requests.len(), 3, "two tool turns, then the synthesis call");
+    let synthesis = &requests[2];
+    assert!(synthesis.tools.is_empty() && synthesis.tool_choice == ToolChoice::None);
+    assert!(synthesis.messages.last().unwrap().content.contains("used all 2 turns"));
+    // The synthesis reply asked for a tool anyway: it is ignored, and the run answers.
+    assert_eq!(count(&events, "tool_call_start"), 2);
+    assert_eq!(turns_and_reviews(&events).1, vec![1, 2, 3]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spent_token_budget_fails_the_run_before_the_next_call() {
+    let model = ScriptedModel::per_turn(vec![
+        calls(&[("echo", json!({"text": "1"}))]),
+        calls(&[("echo", json!({"text": "2"}))]),
+        text("never reached"),
+    ]);
+    let mut setup = Setup::new(model);
+    // Each scripted reply costs 120 tokens.
+    setup.limits = Limits { max_tokens: Some(200), ..Limits::default() };
+    let harness = setup.start().await;
+    let (record, events) = harness.run("spend").await;
+
+    assert_eq!(record.status, RunStatus::Failed);
+    assert!(record.reason.as_deref().unwrap().starts_with("budget_exceeded"), "{:?}", record.reason);
+    assert_eq!(harness.requests().len(), 2);
+    assert!(events.iter().any(|e| matches!(&e.kind, EventKind::Error { code, .. } if code == "budget_exceeded")));
+    assert_eq!(record.usage.total_tokens(), 240);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seen_documents_are_excluded_from_later_searches_and_cited() {
+    let model = ScriptedModel::per_turn(vec![
+        calls(&[("search", json!({"query": "a"}))]),
+        calls(&[("search", json!({"query": "a", "excluded_ids": []}))]),
+        text("see [2] and [1], not [7]"),
+    ]);
+    let harness = Setup::new(model).start().await;
+    let (record, events) = harness.run("find a").await;
+
+    assert_eq!(record.status, RunStatus::Succeeded);
+    let second = &tool_messages(&harness.requests()[2])[1];
+    assert!(second.contains("a-1") && second.contains("a-2") && second.contains("\"found\":0"), "{second}");
+    let Some(EventKind::FinalOutput { citations, .. }) =
+        events.iter().map(|e| &e.kind).find(|k| k.name() == "final_output")
+    else {
+        panic!("no final output");
+    };
+    let cited: Vec<(usize, &str)> = citations.iter().map(|c| (c.marker, c.fragment.id.as_str())).collect();
+    assert_eq!(cited, vec![(2, "a-2"), (1, "a-1")]);
+    assert!(offered(&harness.requests()[0]).contains(&"search".to_owned()));
+}
