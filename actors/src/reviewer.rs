@@ -395,6 +395,49 @@ mod tests {
         assert!(review.relevance > 0.5);
     }
 
+    async fn model_verdict(reply: &str) -> Review {
+        let model = Arc::new(crate::testing::ScriptedModel::queue(vec![crate::testing::text(reply)]));
+        let reviewer = Reviewer { models: ModelRegistry::new(model), timeout: Duration::from_secs(5) };
+        let (reviewer, _) = Actor::spawn(None, reviewer, ()).await.unwrap();
+        let (sender, receiver) = tokio::sync::oneshot::channel();
+        let input = Arc::new(input(vec![call("completed")], None, vec![]));
+        let reply = ReviewReply::new(input.clone(), move |review| drop(sender.send(review)));
+        let kind = ReviewerKind::Model { model: None };
+        reviewer.cast(ReviewerMsg::Review { kind, agent_model: None, input, reply }).unwrap();
+        receiver.await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_model_review_is_validated_against_the_schema() {
+        let review = model_verdict(
+            r#"Verdict: {"quality_score": 0.9, "completeness": 0.4, "relevance": 1.0, "needs_more_data": true,
+               "gaps": ["dates"], "suggested_actions": [], "recommendation": "gather_more", "notes": "check dates"}"#,
+        )
+        .await;
+        assert_eq!(review.status, ReviewStatus::Ok);
+        assert_eq!(review.recommendation, Recommendation::GatherMore);
+        assert_eq!(review.gaps, vec!["dates".to_owned()]);
+    }
+
+    #[tokio::test]
+    async fn a_bad_model_review_falls_back_to_the_rules_marked_degraded() {
+        for reply in [
+            "no json here",
+            r#"{"quality_score": 3, "completeness": 0, "relevance": 0, "needs_more_data": false, "recommendation": "proceed"}"#,
+            r#"{"recommendation": "panic"}"#,
+        ] {
+            let review = model_verdict(reply).await;
+            assert_eq!(review.status, ReviewStatus::Degraded, "{reply}");
+            assert_eq!(
+                review,
+                degraded(
+                    &input(vec![call("completed")], None, vec![]),
+                    &review.notes[..review.notes.find(';').unwrap()]
+                )
+            );
+        }
+    }
+
     #[test]
     fn dropped_reply_sends_a_degraded_review() {
         let (sender, receiver) = std::sync::mpsc::channel();

@@ -1,1 +1,3 @@
+//! Black-box tests of the `troupe` binary: real processes, real output.
 
+mod demo;

@@ -1,0 +1,3 @@
+//! Model clients of the `troupe` binary.
+
+pub mod offline;

@@ -1,0 +1,92 @@
+//! `text_stats`: counts words, characters and sentences of a text and names its most
+//! frequent words. Pure and idempotent.
+
+use std::collections::HashMap;
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use troupe_actors::tool::{Tool, ToolContext, ToolError, ToolOutput};
+
+/// The tool.
+pub struct TextStats;
+
+/// Longest text accepted, in bytes.
+const MAX_TEXT: usize = 1 << 20;
+
+#[async_trait]
+impl Tool for TextStats {
+    fn name(&self) -> &str {
+        "text_stats"
+    }
+
+    fn description(&self) -> &str {
+        "Counts the words, characters and sentences of a text and lists its most frequent words."
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "text": {"type": "string", "description": "The text to measure"},
+                "top": {"type": "integer", "minimum": 1, "maximum": 20, "description": "How many frequent words to list (default 3)"}
+            },
+            "required": ["text"],
+            "additionalProperties": false
+        })
+    }
+
+    fn idempotent(&self) -> bool {
+        true
+    }
+
+    fn describe_start(&self, args: &Value) -> String {
+        let words = args.get("text").and_then(Value::as_str).map_or(0, |text| text.split_whitespace().count());
+        format!("Measuring a text of {words} words")
+    }
+
+    async fn call(&self, _context: ToolContext, args: Value) -> Result<ToolOutput, ToolError> {
+        let text = args.get("text").and_then(Value::as_str).unwrap_or_default();
+        if text.len() > MAX_TEXT {
+            return Err(ToolError::InvalidArgs(format!("text is {} bytes; the limit is {MAX_TEXT}", text.len())));
+        }
+        let top = args.get("top").and_then(Value::as_u64).unwrap_or(3) as usize;
+        Ok(ToolOutput::value(measure(text, top)))
+    }
+}
+
+/// The statistics of `text`.
+pub fn measure(text: &str, top: usize) -> Value {
+    let words: Vec<String> = text
+        .split(|c: char| !c.is_alphanumeric() && c != '\'')
+        .filter(|word| !word.is_empty())
+        .map(str::to_lowercase)
+        .collect();
+    let mut counts: HashMap<&str, usize> = HashMap::new();
+    for word in &words {
+        *counts.entry(word.as_str()).or_insert(0) += 1;
+    }
+    let mut frequent: Vec<(&str, usize)> = counts.into_iter().collect();
+    frequent.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    frequent.truncate(top);
+    let sentences = text.split(['.', '!', '?']).filter(|s| !s.trim().is_empty()).count();
+    json!({
+        "words": words.len(),
+        "characters": text.chars().count(),
+        "sentences": sentences,
+        "most_frequent": frequent.iter().map(|(word, count)| json!({"word": word, "count": count})).collect::<Vec<_>>(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_words_sentences_and_frequent_words() {
+        let stats = measure("The cat sat. The cat ran!", 2);
+        assert_eq!(stats["words"], 6);
+        assert_eq!(stats["sentences"], 2);
+        assert_eq!(stats["most_frequent"][0], json!({"word": "cat", "count": 2}));
+        assert_eq!(stats["most_frequent"][1], json!({"word": "the", "count": 2}));
+    }
+}

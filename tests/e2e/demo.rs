@@ -1,0 +1,61 @@
+//! `troupe demo` runs a whole agent run on the offline model.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+fn troupe(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_troupe")).args(args).env_remove("TROUPE_CONFIG").output().expect("troupe runs")
+}
+
+#[test]
+fn the_demo_streams_a_complete_reviewed_run_as_json_lines() {
+    let output = troupe(&["demo", "--json", "the cat saw the dog and the bird"]);
+    assert!(output.status.success(), "stderr: {}", String::from_utf8_lossy(&output.stderr));
+    let events: Vec<Value> = String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("each line is one JSON event"))
+        .collect();
+
+    let seqs: Vec<u64> = events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert_eq!(seqs, (1..=events.len() as u64).collect::<Vec<_>>(), "gap-free seq from 1");
+    let kind = |e: &Value| e["kind"].as_str().unwrap().to_owned();
+    assert_eq!(kind(&events[0]), "run_started");
+    assert_eq!(kind(events.last().unwrap()), "run_end");
+    assert_eq!(events.last().unwrap()["status"], "succeeded");
+
+    let turns = events.iter().filter(|e| kind(e) == "turn_start").count();
+    let reviews = events.iter().filter(|e| kind(e) == "review").count();
+    assert!(turns >= 2);
+    assert_eq!(turns, reviews, "the reviewer ran once per turn");
+    let measured =
+        events.iter().find(|e| kind(e) == "tool_call_end" && e["tool"] == "text_stats").expect("the tool ran");
+    assert_eq!(measured["status"], "completed");
+    assert!(events.iter().any(|e| kind(e) == "plan_updated"));
+    let answer = events.iter().find(|e| kind(e) == "final_output").expect("an answer");
+    assert!(answer["text"].as_str().unwrap().contains("8 words"), "{answer}");
+}
+
+#[test]
+fn the_human_view_shows_plan_tools_reviews_and_the_answer() {
+    let output = troupe(&["demo", "one two two"]);
+    assert!(output.status.success());
+    let text = String::from_utf8(output.stdout).unwrap();
+    for needle in ["── turn 1", "plan v1:", "✓ text_stats", "review: proceed", "3 words", "■ succeeded"] {
+        assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
+    }
+}
+
+#[test]
+fn a_config_file_with_an_unknown_key_is_refused_with_a_clear_error() {
+    let dir = std::env::temp_dir().join(format!("troupe-e2e-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("bad.toml");
+    std::fs::write(&path, "[runtime]\nmax_active_run = 3\n").unwrap();
+    let output = troupe(&["demo", "--config", path.to_str().unwrap(), "hi"]);
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("bad.toml") && stderr.contains("max_active_run"), "{stderr}");
+    assert!(output.stdout.is_empty(), "nothing ran");
+}
