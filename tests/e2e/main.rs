@@ -1,3 +1,5 @@
 //! Black-box tests of the `troupe` binary: real processes, real output.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod demo;
