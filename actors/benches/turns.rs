@@ -1,1 +1,175 @@
-fn main() {}
+//! In-process throughput and footprint of the runtime, with instant scripted model
+//! replies and the memory store.
+//!
+//! `cargo bench -p troupe-actors --features testing --bench turns [-- RUNS PARKED]`
+//!
+//! 1. Throughput: RUNS concurrent runs of three turns each (a `todo_write`, two
+//!    parallel tool calls, a final answer), every turn reviewed. Reports turns/s and
+//!    CPU µs per turn (user + system time of the whole process, all threads).
+//! 2. Footprint: PARKED runs left waiting on a model reply that never comes (a live
+//!    session, its planner, its model task and its stored events). Reports heap
+//!    bytes per parked run, measured by a counting allocator.
+
+// The counting allocator is the one unsafe thing here: it forwards to jemalloc (the
+// allocator the `troupe` binary uses) and keeps a tally.
+#![allow(unsafe_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::alloc::{GlobalAlloc, Layout};
+
+use tikv_jemallocator::Jemalloc;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use troupe_actors::config::{AgentConfig, RuntimeConfig};
+use troupe_actors::llm::ModelRegistry;
+use troupe_actors::protocol::RunStatus;
+use troupe_actors::store::MemoryStore;
+use troupe_actors::testing::{EchoTool, ScriptedModel, Step, calls, text, todo};
+use troupe_actors::tool::ToolRegistry;
+use troupe_actors::{Deps, Runtime, SubmitRequest};
+
+struct Counting;
+
+/// Net bytes allocated while `COUNTING` is on. Counting is off during the
+/// throughput phase so the shared counter does not slow it.
+static LIVE_BYTES: AtomicIsize = AtomicIsize::new(0);
+static COUNTING: AtomicBool = AtomicBool::new(false);
+
+fn count(delta: isize) {
+    if COUNTING.load(Ordering::Relaxed) {
+        LIVE_BYTES.fetch_add(delta, Ordering::Relaxed);
+    }
+}
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count(layout.size() as isize);
+        unsafe { Jemalloc.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        count(-(layout.size() as isize));
+        unsafe { Jemalloc.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count(new_size as isize - layout.size() as isize);
+        unsafe { Jemalloc.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+const TURNS_PER_RUN: u64 = 3;
+
+fn main() {
+    let mut args = std::env::args().skip(1).filter(|arg| !arg.starts_with('-'));
+    let runs: usize = args.next().and_then(|n| n.parse().ok()).unwrap_or(4000);
+    let parked: usize = args.next().and_then(|n| n.parse().ok()).unwrap_or(10_000);
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let tokio = tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build().unwrap();
+    println!("troupe-actors bench: {workers} worker threads");
+    tokio.block_on(throughput(runs.min(100)));
+    let (turns_per_second, cpu_per_turn) = tokio.block_on(throughput(runs));
+    println!(
+        "throughput: {runs} runs x {TURNS_PER_RUN} turns: {turns_per_second:.0} turns/s, {cpu_per_turn:.1} µs CPU per turn"
+    );
+    let bytes = tokio.block_on(footprint(parked));
+    println!("footprint: {parked} parked runs: {:.1} KiB heap per parked run", bytes / 1024.0);
+}
+
+async fn start(model: ScriptedModel, max_active_runs: usize) -> Runtime {
+    let tools = ToolRegistry::new().with(Arc::new(EchoTool)).unwrap();
+    let agent = AgentConfig::new("bench", "You are a benchmark.", vec!["echo".into()]);
+    // The scripted answer leaves a task open; no reflection turn, so every run has
+    // exactly three turns.
+    let config = RuntimeConfig { max_active_runs, max_reflections: 0, ..RuntimeConfig::default() };
+    let deps = Deps {
+        store: Arc::new(MemoryStore::new()),
+        models: ModelRegistry::new(Arc::new(model)),
+        tools,
+        hooks: Vec::new(),
+        agents: vec![agent],
+    };
+    Runtime::start(config, deps).await.unwrap()
+}
+
+/// Turns per second and CPU microseconds per turn.
+async fn throughput(runs: usize) -> (f64, f64) {
+    let model = ScriptedModel::per_turn(vec![
+        calls(&[("todo_write", todo(&[("1", "echo", "in_progress"), ("2", "answer", "pending")]))]),
+        calls(&[("echo", json!({"text": "a"})), ("echo", json!({"text": "b"}))]),
+        text("done"),
+    ])
+    .quiet();
+    let runtime = Arc::new(start(model, runs).await);
+    let cpu_before = cpu_time();
+    let clock = Instant::now();
+    let mut handles = Vec::with_capacity(runs);
+    for index in 0..runs {
+        let runtime = runtime.clone();
+        handles.push(tokio::spawn(async move {
+            let run_id = runtime.submit(SubmitRequest::new("bench", format!("run {index}"))).await.unwrap();
+            runtime.wait(run_id).await.unwrap()
+        }));
+    }
+    for handle in handles {
+        let record = handle.await.unwrap();
+        assert_eq!(record.status, RunStatus::Succeeded);
+        assert_eq!(u64::from(record.turn), TURNS_PER_RUN);
+    }
+    let wall = clock.elapsed();
+    let cpu = cpu_time() - cpu_before;
+    let turns = runs as u64 * TURNS_PER_RUN;
+    (turns as f64 / wall.as_secs_f64(), cpu.as_secs_f64() * 1e6 / turns as f64)
+}
+
+/// Heap bytes per run parked on a model reply.
+async fn footprint(parked: usize) -> f64 {
+    let model = Arc::new(ScriptedModel::per_turn(vec![Step::Hang]).quiet());
+    let tools = ToolRegistry::new().with(Arc::new(EchoTool)).unwrap();
+    let agent = AgentConfig::new("bench", "You are a benchmark.", vec!["echo".into()]);
+    let config = RuntimeConfig { max_active_runs: parked + 1, ..RuntimeConfig::default() };
+    let deps = Deps {
+        store: Arc::new(MemoryStore::new()),
+        models: ModelRegistry::new(model.clone()),
+        tools,
+        hooks: Vec::new(),
+        agents: vec![agent],
+    };
+    let runtime = Runtime::start(config, deps).await.unwrap();
+    // Warm up lazily allocated structures (registries, metric handles) with one run.
+    runtime.submit(SubmitRequest::new("bench", "warm up")).await.unwrap();
+    wait_until(|| model.request_count() == 1).await;
+    COUNTING.store(true, Ordering::SeqCst);
+    for index in 0..parked {
+        runtime.submit(SubmitRequest::new("bench", format!("run {index}"))).await.unwrap();
+    }
+    wait_until(|| model.request_count() == parked + 1).await;
+    COUNTING.store(false, Ordering::SeqCst);
+    // Frees of memory allocated before counting began make the tally a slight underestimate
+    // only if they happen in the window; the runtime is idle apart from these runs.
+    assert_eq!(runtime.active_runs().await, parked + 1);
+    LIVE_BYTES.load(Ordering::SeqCst).max(0) as f64 / parked as f64
+}
+
+async fn wait_until(done: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// User plus system CPU time of this process, from /proc (Linux).
+fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which is in parentheses and may hold spaces).
+    let fields: Vec<&str> =
+        stat.rsplit_once(')').map(|(_, rest)| rest.split_whitespace().collect()).unwrap_or_default();
+    let ticks: u64 = fields.get(11).and_then(|f| f.parse().ok()).unwrap_or(0)
+        + fields.get(12).and_then(|f| f.parse().ok()).unwrap_or(0);
+    // The kernel's USER_HZ is 100 on every mainstream Linux build.
+    Duration::from_millis(ticks * 10)
+}

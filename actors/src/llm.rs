@@ -81,8 +81,8 @@ pub enum ToolChoice {
 pub struct ChatRequest {
     /// The conversation, system prompt first.
     pub messages: Vec<Message>,
-    /// Tools on offer.
-    pub tools: Vec<ToolDefinition>,
+    /// Tools on offer; shared, since the same definitions go out every turn.
+    pub tools: Vec<Arc<ToolDefinition>>,
     /// Whether tools may be called.
     pub tool_choice: ToolChoice,
     /// Upper bound on the reply's tokens.

@@ -4,6 +4,7 @@
 //! rejected with a reason the model sees (the plan is then left unchanged).
 
 use std::collections::HashSet;
+use std::sync::{Arc, LazyLock};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::{Deserialize, Serialize};
@@ -200,8 +201,13 @@ pub fn render(plan: &Plan) -> String {
     text
 }
 
-/// The `todo_write` tool as offered to the model.
-pub fn todo_write_definition() -> ToolDefinition {
+/// The `todo_write` tool as offered to the model (built once).
+pub fn todo_write_definition() -> Arc<ToolDefinition> {
+    static DEFINITION: LazyLock<Arc<ToolDefinition>> = LazyLock::new(|| Arc::new(build_todo_write_definition()));
+    DEFINITION.clone()
+}
+
+fn build_todo_write_definition() -> ToolDefinition {
     ToolDefinition {
         name: TODO_WRITE.to_owned(),
         description: "Write the whole task list of this run (it replaces the previous one). \

@@ -152,6 +152,8 @@ pub struct RegisteredTool {
     pub validator: jsonschema::Validator,
     /// Whether the schema has an `excluded_ids` property (seen-document injection).
     pub accepts_excluded_ids: bool,
+    /// The definition offered to the model, built once.
+    pub definition: Arc<ToolDefinition>,
 }
 
 /// The tools of a runtime, by name.
@@ -176,7 +178,12 @@ impl ToolRegistry {
         let validator = jsonschema::validator_for(&schema)
             .map_err(|error| RegistryError::BadSchema { name: name.clone(), message: error.to_string() })?;
         let accepts_excluded_ids = schema.pointer("/properties/excluded_ids").is_some();
-        self.tools.insert(name, Arc::new(RegisteredTool { tool, validator, accepts_excluded_ids }));
+        let definition = Arc::new(ToolDefinition {
+            name: name.clone(),
+            description: tool.description().to_owned(),
+            parameters: schema,
+        });
+        self.tools.insert(name, Arc::new(RegisteredTool { tool, validator, accepts_excluded_ids, definition }));
         Ok(())
     }
 
@@ -199,11 +206,7 @@ impl ToolRegistry {
     }
 
     /// The definition offered to the model for `name`.
-    pub fn definition(&self, name: &str) -> Option<ToolDefinition> {
-        self.tools.get(name).map(|registered| ToolDefinition {
-            name: name.to_owned(),
-            description: registered.tool.description().to_owned(),
-            parameters: registered.tool.parameters(),
-        })
+    pub fn definition(&self, name: &str) -> Option<Arc<ToolDefinition>> {
+        self.tools.get(name).map(|registered| registered.definition.clone())
     }
 }

@@ -2,6 +2,8 @@
 //! `<available_tools>`), the conversation, and the tools on offer; plus the built-in
 //! `ask_user` tool and citation resolution for the final answer.
 
+use std::sync::{Arc, LazyLock};
+
 use serde_json::{Value, json};
 
 use crate::config::AgentConfig;
@@ -13,8 +15,13 @@ use crate::tool::ToolRegistry;
 /// The name of the clarification tool.
 pub const ASK_USER: &str = "ask_user";
 
-/// The `ask_user` tool as offered to the model.
-pub fn ask_user_definition() -> ToolDefinition {
+/// The `ask_user` tool as offered to the model (built once).
+pub fn ask_user_definition() -> Arc<ToolDefinition> {
+    static DEFINITION: LazyLock<Arc<ToolDefinition>> = LazyLock::new(|| Arc::new(build_ask_user_definition()));
+    DEFINITION.clone()
+}
+
+fn build_ask_user_definition() -> ToolDefinition {
     ToolDefinition {
         name: ASK_USER.to_owned(),
         description: "Ask the user a clarifying question and wait for the answer. \
@@ -43,7 +50,7 @@ pub fn ask_user_question(args: &Value) -> Option<String> {
 
 /// Tools offered this turn: the built-ins, then the agent's registered tools that
 /// are not blocked.
-pub fn offered_tools(agent: &AgentConfig, registry: &ToolRegistry, blocked: &[String]) -> Vec<ToolDefinition> {
+pub fn offered_tools(agent: &AgentConfig, registry: &ToolRegistry, blocked: &[String]) -> Vec<Arc<ToolDefinition>> {
     let mut tools = vec![planner::todo_write_definition(), ask_user_definition()];
     tools
         .extend(agent.tools.iter().filter(|name| !blocked.contains(name)).filter_map(|name| registry.definition(name)));
@@ -51,7 +58,7 @@ pub fn offered_tools(agent: &AgentConfig, registry: &ToolRegistry, blocked: &[St
 }
 
 /// The system prompt: instructions, the plan, and the tools on offer.
-pub fn system_prompt(agent: &AgentConfig, plan: &Plan, tools: &[ToolDefinition], blocked: &[String]) -> String {
+pub fn system_prompt(agent: &AgentConfig, plan: &Plan, tools: &[Arc<ToolDefinition>], blocked: &[String]) -> String {
     let mut text = String::with_capacity(agent.instructions.len() + 512);
     text.push_str(&agent.instructions);
     text.push_str("\n\n");
@@ -71,7 +78,7 @@ pub fn system_prompt(agent: &AgentConfig, plan: &Plan, tools: &[ToolDefinition],
 pub fn build_request(
     system: String,
     conversation: &[Message],
-    tools: Vec<ToolDefinition>,
+    tools: Vec<Arc<ToolDefinition>>,
     synthesis: bool,
     max_turns: u32,
 ) -> ChatRequest {
