@@ -7,8 +7,9 @@
 //!    parallel tool calls, a final answer), every turn reviewed. Reports turns/s and
 //!    CPU µs per turn (user + system time of the whole process, all threads).
 //! 2. Footprint: PARKED runs left waiting on a model reply that never comes (a live
-//!    session, its planner, its model task and its stored events). Reports heap
-//!    bytes per parked run, measured by a counting allocator.
+//!    session, its model task and its stored events; after a `todo_write`, its
+//!    planner and plan too). Reports heap bytes per parked run, measured by a
+//!    counting allocator.
 
 // The counting allocator is the one unsafe thing here: it forwards to jemalloc (the
 // allocator the `troupe` binary uses) and keeps a tally.
@@ -16,10 +17,10 @@
 
 use std::alloc::{GlobalAlloc, Layout};
 
-use tikv_jemallocator::Jemalloc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
 use std::time::{Duration, Instant};
+use tikv_jemallocator::Jemalloc;
 
 use serde_json::json;
 use troupe_actors::config::{AgentConfig, RuntimeConfig};
@@ -75,8 +76,10 @@ fn main() {
     println!(
         "throughput: {runs} runs x {TURNS_PER_RUN} turns: {turns_per_second:.0} turns/s, {cpu_per_turn:.1} µs CPU per turn"
     );
-    let bytes = tokio.block_on(footprint(parked));
-    println!("footprint: {parked} parked runs: {:.1} KiB heap per parked run", bytes / 1024.0);
+    for (planned, when) in [(false, "in turn 1, before any plan"), (true, "in turn 2, after todo_write")] {
+        let bytes = tokio.block_on(footprint(parked, planned));
+        println!("footprint: {parked} runs parked on the model {when}: {:.1} KiB heap per run", bytes / 1024.0);
+    }
 }
 
 async fn start(model: ScriptedModel, max_active_runs: usize) -> Runtime {
@@ -125,9 +128,12 @@ async fn throughput(runs: usize) -> (f64, f64) {
     (turns as f64 / wall.as_secs_f64(), cpu.as_secs_f64() * 1e6 / turns as f64)
 }
 
-/// Heap bytes per run parked on a model reply.
-async fn footprint(parked: usize) -> f64 {
-    let model = Arc::new(ScriptedModel::per_turn(vec![Step::Hang]).quiet());
+/// Heap bytes per run parked on a model reply: in its first turn (no plan yet, so
+/// no planner actor), or in its second turn after a `todo_write` (with a planner).
+async fn footprint(parked: usize, planned: bool) -> f64 {
+    let plan = calls(&[("todo_write", todo(&[("1", "wait", "in_progress")]))]);
+    let script = if planned { vec![plan, Step::Hang] } else { vec![Step::Hang] };
+    let model = Arc::new(ScriptedModel::per_turn(script).quiet());
     let tools = ToolRegistry::new().with(Arc::new(EchoTool)).unwrap();
     let agent = AgentConfig::new("bench", "You are a benchmark.", vec!["echo".into()]);
     let config = RuntimeConfig { max_active_runs: parked + 1, ..RuntimeConfig::default() };
@@ -139,17 +145,17 @@ async fn footprint(parked: usize) -> f64 {
         agents: vec![agent],
     };
     let runtime = Runtime::start(config, deps).await.unwrap();
+    let requests_per_run = if planned { 2 } else { 1 };
     // Warm up lazily allocated structures (registries, metric handles) with one run.
     runtime.submit(SubmitRequest::new("bench", "warm up")).await.unwrap();
-    wait_until(|| model.request_count() == 1).await;
+    wait_until(|| model.request_count() == requests_per_run).await;
+    LIVE_BYTES.store(0, Ordering::SeqCst);
     COUNTING.store(true, Ordering::SeqCst);
     for index in 0..parked {
         runtime.submit(SubmitRequest::new("bench", format!("run {index}"))).await.unwrap();
     }
-    wait_until(|| model.request_count() == parked + 1).await;
+    wait_until(|| model.request_count() == (parked + 1) * requests_per_run).await;
     COUNTING.store(false, Ordering::SeqCst);
-    // Frees of memory allocated before counting began make the tally a slight underestimate
-    // only if they happen in the window; the runtime is idle apart from these runs.
     assert_eq!(runtime.active_runs().await, parked + 1);
     LIVE_BYTES.load(Ordering::SeqCst).max(0) as f64 / parked as f64
 }

@@ -51,8 +51,8 @@ pub struct RuntimeShared {
     pub models: ModelRegistry,
     /// Tools, hooks and the default tool time limit.
     pub pool: Arc<PoolShared>,
-    /// The agents by name.
-    pub agents: HashMap<String, AgentConfig>,
+    /// The agents by name; sessions share them.
+    pub agents: HashMap<String, Arc<AgentConfig>>,
     /// Current refs of the shared actors.
     pub handles: Handles,
     /// Live event channels.
@@ -337,7 +337,7 @@ impl Runtime {
 
     /// The configured agents.
     pub fn agents(&self) -> Vec<AgentConfig> {
-        let mut agents: Vec<AgentConfig> = self.shared.agents.values().cloned().collect();
+        let mut agents: Vec<AgentConfig> = self.shared.agents.values().map(|agent| agent.as_ref().clone()).collect();
         agents.sort_by(|a, b| a.name.cmp(&b.name));
         agents
     }
@@ -358,7 +358,7 @@ impl Runtime {
 }
 
 /// Agents by name, after checking their tools exist.
-fn check_agents(deps: &Deps) -> Result<HashMap<String, AgentConfig>, RuntimeError> {
+fn check_agents(deps: &Deps) -> Result<HashMap<String, Arc<AgentConfig>>, RuntimeError> {
     let mut agents = HashMap::new();
     for agent in &deps.agents {
         for tool in &agent.tools {
@@ -369,7 +369,7 @@ fn check_agents(deps: &Deps) -> Result<HashMap<String, AgentConfig>, RuntimeErro
         if deps.models.get(agent.model.as_deref()).is_none() {
             return Err(RuntimeError::Config(format!("agent {} names an unknown model", agent.name)));
         }
-        if agents.insert(agent.name.clone(), agent.clone()).is_some() {
+        if agents.insert(agent.name.clone(), Arc::new(agent.clone())).is_some() {
             return Err(RuntimeError::Config(format!("agent {} is defined twice", agent.name)));
         }
     }

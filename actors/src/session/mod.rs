@@ -104,9 +104,11 @@ pub struct SessionState {
 /// The loaded run.
 struct Live {
     run: RunRecord,
-    agent: AgentConfig,
+    agent: Arc<AgentConfig>,
     model: Arc<dyn ModelClient>,
-    planner: ActorRef<PlannerMsg>,
+    /// Spawned on the run's first plan write (or at load, for a run that has a
+    /// plan): a run that never plans costs no planner actor.
+    planner: Option<ActorRef<PlannerMsg>>,
     /// The last committed plan; the planner is rebuilt from it if it crashes.
     plan: Plan,
     /// The conversation after the system prompt: the request first.
@@ -218,7 +220,7 @@ impl Actor for Session {
         state: &mut SessionState,
     ) -> Result<(), ActorProcessingErr> {
         if let (SupervisionEvent::ActorFailed(cell, reason), Some(live)) = (event, state.live.as_mut())
-            && cell.get_id() == live.planner.get_id()
+            && live.planner.as_ref().is_some_and(|planner| planner.get_id() == cell.get_id())
         {
             warn!(run_id = %state.run_id, %reason, "planner crashed; restarting it from the last plan");
             self.restart_planner(&myself, live).await?;
@@ -596,7 +598,8 @@ impl Session {
         let started_at = Utc::now();
         let clock = Instant::now();
         let args = call.args.clone();
-        let reply = ractor::call!(live.planner, |reply| PlannerMsg::Write { args, reply });
+        let planner = self.planner(myself, live).await?;
+        let reply = ractor::call!(planner, |reply| PlannerMsg::Write { args, reply });
         let outcome = match reply {
             Ok(Ok(plan)) => {
                 live.plan = plan.clone();
@@ -659,10 +662,23 @@ impl Session {
 
     async fn restart_planner(&self, myself: &ActorRef<SessionMsg>, live: &mut Live) -> Result<(), ActorProcessingErr> {
         metrics::actor_restarted("planner");
+        live.planner = None;
+        self.planner(myself, live).await.map(drop)
+    }
+
+    /// The run's planner, spawned from the last committed plan if it has none.
+    async fn planner(
+        &self,
+        myself: &ActorRef<SessionMsg>,
+        live: &mut Live,
+    ) -> Result<ActorRef<PlannerMsg>, ActorProcessingErr> {
+        if let Some(planner) = &live.planner {
+            return Ok(planner.clone());
+        }
         let planner = Planner { config: self.shared.config.planner.clone() };
         let (planner, _) = Actor::spawn_linked(None, planner, live.plan.clone(), myself.get_cell()).await?;
-        live.planner = planner;
-        Ok(())
+        live.planner = Some(planner.clone());
+        Ok(planner)
     }
 
     async fn on_input(
@@ -763,7 +779,8 @@ impl Session {
             review.relevance,
         );
         if let (Recommendation::Replan, Some(items)) = (review.recommendation, review.updated_plan.clone()) {
-            match ractor::call!(live.planner, |reply| PlannerMsg::Replace { items, reply }) {
+            let planner = self.planner(myself, live).await?;
+            match ractor::call!(planner, |reply| PlannerMsg::Replace { items, reply }) {
                 Ok(Ok(plan)) => {
                     live.plan = plan.clone();
                     live.outbox.write(StoreWrite::Plan(plan.clone()));

@@ -43,10 +43,16 @@ impl Session {
             return Ok(());
         }
         let known_agent = self.shared.agents.get(&snapshot.run.agent).cloned();
-        let agent = known_agent.clone().unwrap_or_else(|| AgentConfig::new(snapshot.run.agent.clone(), "", Vec::new()));
+        let agent = known_agent
+            .clone()
+            .unwrap_or_else(|| Arc::new(AgentConfig::new(snapshot.run.agent.clone(), "", Vec::new())));
         let model = self.shared.models.get(agent.model.as_deref());
-        let planner = Planner { config: self.shared.config.planner.clone() };
-        let (planner, _) = Actor::spawn_linked(None, planner, snapshot.plan.clone(), myself.get_cell()).await?;
+        let planner = if snapshot.plan.items.is_empty() {
+            None
+        } else {
+            let planner = Planner { config: self.shared.config.planner.clone() };
+            Some(Actor::spawn_linked(None, planner, snapshot.plan.clone(), myself.get_cell()).await?.0)
+        };
         let run = &snapshot.run;
         let conversation = canonical_conversation(&run.input, &snapshot.messages);
         let max_turns = run.limits.max_turns;
