@@ -18,6 +18,10 @@ use troupe_actors::protocol::RunStatus;
 
 use crate::config::{Config, DEFAULT_AGENT_TOML, parse_agent};
 
+#[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// troupe runs LLM agents as a supervised tree of actors.
 #[derive(Parser)]
 #[command(name = "troupe", version, about)]
