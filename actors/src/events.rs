@@ -17,9 +17,10 @@ use crate::store::{RunStore, StoreError};
 /// Events read from the store per round trip while replaying.
 const REPLAY_BATCH: usize = 256;
 
-/// The per-run live channels.
+/// The per-run live channels. They carry `Arc`s: a slot costs a pointer, not an
+/// event, and every subscriber shares one copy of each event.
 pub struct EventHub {
-    channels: DashMap<RunId, broadcast::Sender<RunEvent>>,
+    channels: DashMap<RunId, broadcast::Sender<Arc<RunEvent>>>,
     capacity: usize,
 }
 
@@ -35,11 +36,11 @@ impl EventHub {
     }
 
     /// Sends committed events to the run's live subscribers.
-    pub fn publish(&self, run_id: RunId, events: &[RunEvent]) {
+    pub fn publish(&self, run_id: RunId, events: Vec<RunEvent>) {
         if let Some(sender) = self.channels.get(&run_id) {
             for event in events {
                 // No receiver is not an error: subscribers come and go.
-                let _ = sender.send(event.clone());
+                let _ = sender.send(Arc::new(event));
             }
         }
     }
@@ -49,7 +50,7 @@ impl EventHub {
         self.channels.remove(&run_id);
     }
 
-    fn receiver(&self, run_id: RunId) -> broadcast::Receiver<RunEvent> {
+    fn receiver(&self, run_id: RunId) -> broadcast::Receiver<Arc<RunEvent>> {
         self.channels.entry(run_id).or_insert_with(|| broadcast::channel(self.capacity).0).subscribe()
     }
 
@@ -61,8 +62,8 @@ impl EventHub {
 struct Cursor {
     run_id: RunId,
     last: u64,
-    backlog: VecDeque<RunEvent>,
-    receiver: Option<broadcast::Receiver<RunEvent>>,
+    backlog: VecDeque<Arc<RunEvent>>,
+    receiver: Option<broadcast::Receiver<Arc<RunEvent>>>,
     store: Arc<dyn RunStore>,
     hub: Arc<EventHub>,
     /// Whether the store may hold events the backlog lacks (at the start, after a
@@ -78,7 +79,7 @@ pub fn subscribe(
     store: Arc<dyn RunStore>,
     run_id: RunId,
     after: u64,
-) -> BoxStream<'static, Result<RunEvent, StoreError>> {
+) -> BoxStream<'static, Result<Arc<RunEvent>, StoreError>> {
     // Subscribe before the first store read so nothing committed in between is missed.
     let receiver = Some(hub.receiver(run_id));
     let cursor =
@@ -96,7 +97,7 @@ pub fn subscribe(
 }
 
 impl Cursor {
-    async fn next(&mut self) -> Result<Option<RunEvent>, StoreError> {
+    async fn next(&mut self) -> Result<Option<Arc<RunEvent>>, StoreError> {
         loop {
             if let Some(event) = self.backlog.pop_front() {
                 if event.seq <= self.last {
@@ -145,7 +146,7 @@ impl Cursor {
     async fn refill(&mut self) -> Result<bool, StoreError> {
         let batch = self.store.events_after(self.run_id, self.last, REPLAY_BATCH).await?;
         let found = !batch.is_empty();
-        self.backlog.extend(batch);
+        self.backlog.extend(batch.into_iter().map(Arc::new));
         Ok(found)
     }
 

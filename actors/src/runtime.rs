@@ -273,7 +273,7 @@ impl Runtime {
     }
 
     /// Every event of the run after seq `after`, then live events until `run_end`.
-    pub fn subscribe(&self, run_id: RunId, after: u64) -> BoxStream<'static, Result<RunEvent, StoreError>> {
+    pub fn subscribe(&self, run_id: RunId, after: u64) -> BoxStream<'static, Result<Arc<RunEvent>, StoreError>> {
         events::subscribe(self.shared.hub.clone(), self.shared.store.clone(), run_id, after)
     }
 
@@ -411,7 +411,7 @@ pub async fn end_run(
     });
     let writes = vec![StoreWrite::Status { status, reason: Some(reason) }];
     shared.store.commit(Commit { run_id, writes, events: events.clone() }).await?;
-    shared.hub.publish(run_id, &events);
+    shared.hub.publish(run_id, events);
     shared.hub.close(run_id);
     metrics::run_finished(&run.agent, status.as_str());
     Ok(())

@@ -281,7 +281,7 @@ impl Session {
         let published = hub.has_subscribers(run_id).then(|| events.clone());
         self.shared.store.commit(Commit { run_id, writes, events }).await?;
         if let Some(events) = published {
-            hub.publish(run_id, &events);
+            hub.publish(run_id, events);
         }
         Ok(())
     }

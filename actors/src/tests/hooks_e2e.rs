@@ -14,7 +14,7 @@ use crate::testing::{ScriptedModel, SlowTool, calls, capture_metrics, counter, t
 use crate::tests::{Setup, offered, tool_messages};
 
 /// Skipped calls, sorted by call id (calls of a turn finish in any order).
-fn skips(events: &[RunEvent]) -> Vec<(String, SkipReason, String)> {
+fn skips(events: &[Arc<RunEvent>]) -> Vec<(String, SkipReason, String)> {
     let mut skipped: Vec<(String, SkipReason, String)> = events
         .iter()
         .filter_map(|e| match &e.kind {
@@ -26,7 +26,7 @@ fn skips(events: &[RunEvent]) -> Vec<(String, SkipReason, String)> {
     skipped
 }
 
-fn ends(events: &[RunEvent]) -> Vec<(String, CallStatus)> {
+fn ends(events: &[Arc<RunEvent>]) -> Vec<(String, CallStatus)> {
     events
         .iter()
         .filter_map(|e| match &e.kind {

@@ -86,12 +86,12 @@ impl Harness {
     }
 
     /// Submits `input` and returns the run's record and all its events once it ends.
-    async fn run(&self, input: &str) -> (RunRecord, Vec<RunEvent>) {
+    async fn run(&self, input: &str) -> (RunRecord, Vec<Arc<RunEvent>>) {
         let run_id = self.submit(input).await;
         self.finish(run_id).await
     }
 
-    async fn finish(&self, run_id: RunId) -> (RunRecord, Vec<RunEvent>) {
+    async fn finish(&self, run_id: RunId) -> (RunRecord, Vec<Arc<RunEvent>>) {
         let events = collect(self.runtime.subscribe(run_id, 0)).await;
         let record = self.runtime.get(run_id).await.unwrap().unwrap();
         assert_gap_free(&events);
@@ -104,16 +104,16 @@ impl Harness {
 }
 
 /// Every event of a stream, failing the test if it does not end within a minute.
-async fn collect(stream: BoxStream<'static, Result<RunEvent, StoreError>>) -> Vec<RunEvent> {
+async fn collect(stream: BoxStream<'static, Result<Arc<RunEvent>, StoreError>>) -> Vec<Arc<RunEvent>> {
     let all = stream.map(|event| event.unwrap()).collect::<Vec<_>>();
     tokio::time::timeout(Duration::from_secs(60), all).await.expect("the run did not end")
 }
 
 /// Reads `stream` until an event matches; returns it.
 async fn wait_for(
-    stream: &mut BoxStream<'static, Result<RunEvent, StoreError>>,
+    stream: &mut BoxStream<'static, Result<Arc<RunEvent>, StoreError>>,
     wanted: impl Fn(&EventKind) -> bool,
-) -> RunEvent {
+) -> Arc<RunEvent> {
     let find = async {
         while let Some(event) = stream.next().await {
             let event = event.unwrap();
@@ -126,7 +126,7 @@ async fn wait_for(
     tokio::time::timeout(Duration::from_secs(60), find).await.expect("the event did not come")
 }
 
-fn assert_gap_free(events: &[RunEvent]) {
+fn assert_gap_free(events: &[Arc<RunEvent>]) {
     for (index, event) in events.iter().enumerate() {
         assert_eq!(event.seq, index as u64 + 1, "seq gap at {index}: {:?}", event.kind);
     }
@@ -134,16 +134,16 @@ fn assert_gap_free(events: &[RunEvent]) {
     assert!(matches!(events.last().map(|e| &e.kind), Some(EventKind::RunEnd { .. })));
 }
 
-fn kinds(events: &[RunEvent]) -> Vec<&'static str> {
+fn kinds(events: &[Arc<RunEvent>]) -> Vec<&'static str> {
     events.iter().map(|event| event.kind.name()).collect()
 }
 
-fn count(events: &[RunEvent], name: &str) -> usize {
+fn count(events: &[Arc<RunEvent>], name: &str) -> usize {
     events.iter().filter(|event| event.kind.name() == name).count()
 }
 
 /// Turns that started and turns that were reviewed, each in order.
-fn turns_and_reviews(events: &[RunEvent]) -> (Vec<u32>, Vec<u32>) {
+fn turns_and_reviews(events: &[Arc<RunEvent>]) -> (Vec<u32>, Vec<u32>) {
     let started = events.iter().filter_map(|e| match e.kind {
         EventKind::TurnStart { turn } => Some(turn),
         _ => None,

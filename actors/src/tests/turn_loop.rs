@@ -50,7 +50,7 @@ async fn a_planned_run_calls_two_tools_in_parallel_and_answers() {
 }
 
 /// Where the events named `wanted` for the echo tool stand.
-fn positions(events: &[crate::protocol::RunEvent], wanted: &str) -> Vec<usize> {
+fn positions(events: &[std::sync::Arc<crate::protocol::RunEvent>], wanted: &str) -> Vec<usize> {
     let echo = |kind: &EventKind| match kind {
         EventKind::ToolCallStart { tool, .. } | EventKind::ToolCallEnd { tool, .. } => tool == "echo",
         _ => false,
