@@ -162,10 +162,18 @@ impl Runtime {
     /// Starts the actor tree and resumes every unfinished run in the store.
     pub async fn start(config: RuntimeConfig, deps: Deps) -> Result<Self, RuntimeError> {
         let agents = check_agents(&deps)?;
+        let mut timeouts = HashMap::new();
+        for (tool, seconds) in &config.tool_pool.timeouts {
+            let limit = Duration::try_from_secs_f64(*seconds).map_err(|_| {
+                RuntimeError::Config(format!("tool_pool.timeouts.{tool} must be a positive number of seconds"))
+            })?;
+            timeouts.insert(tool.clone(), limit);
+        }
         let pool = PoolShared {
             registry: deps.tools,
             chain: HookChain::new(config.hooks.clone(), deps.hooks),
             default_timeout: config.tool_pool.default_timeout,
+            timeouts,
         };
         let shared = Arc::new(RuntimeShared {
             store: deps.store,

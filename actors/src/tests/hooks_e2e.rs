@@ -8,8 +8,9 @@ use serde_json::json;
 
 use crate::config::RuntimeConfig;
 use crate::hooks::HookConfig;
+use crate::hooks::{BeforeCall, HookContext, ToolHook};
 use crate::metrics::ACTOR_RESTARTS_TOTAL;
-use crate::protocol::{CallStatus, EventKind, Limits, RunEvent, RunStatus, SkipReason};
+use crate::protocol::{CallStatus, EventKind, Limits, RunEvent, RunStatus, SkipReason, ToolCall};
 use crate::testing::{ScriptedModel, SlowTool, calls, capture_metrics, counter, text};
 use crate::tests::{Setup, offered, tool_messages};
 
@@ -165,4 +166,56 @@ async fn a_hanging_tool_times_out_with_paused_time() {
     });
     assert_eq!(failure.as_deref(), Some("timeout"));
     assert!(tool_messages(&harness.requests()[1])[0].contains("no result after 5s"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_configured_time_limit_overrides_the_tool_own() {
+    let model = ScriptedModel::per_turn(vec![calls(&[("slow", json!({}))]), text("done")]);
+    let mut setup = Setup::new(model);
+    setup.extra_tools =
+        vec![Arc::new(SlowTool { delay: Duration::from_secs(120), timeout: Some(Duration::from_secs(5)) })];
+    setup.config.tool_pool.timeouts.insert("slow".into(), 2.5);
+    let harness = setup.start().await;
+    let (record, _) = harness.run("wait less").await;
+
+    assert_eq!(record.status, RunStatus::Succeeded);
+    assert!(tool_messages(&harness.requests()[1])[0].contains("no result after 2.5s"));
+}
+
+/// Refuses every call of one tool, as an application policy would.
+struct DenyTool(&'static str);
+
+#[async_trait::async_trait]
+impl ToolHook for DenyTool {
+    fn name(&self) -> &'static str {
+        "deny_tool"
+    }
+    async fn before_call(&self, _context: &HookContext<'_>, call: &ToolCall) -> BeforeCall {
+        if call.name == self.0 {
+            BeforeCall::Deny { reason: format!("{} is not allowed here", self.0) }
+        } else {
+            BeforeCall::Run
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_application_hook_denies_a_call_before_it_runs() {
+    let model = ScriptedModel::per_turn(vec![
+        calls(&[("ledger", json!({"entry": "pay"})), ("echo", json!({"text": "ok"}))]),
+        text("done"),
+    ]);
+    let mut setup = Setup::new(model);
+    setup.hooks = vec![Arc::new(DenyTool("ledger"))];
+    let harness = setup.start().await;
+    let (record, events) = harness.run("pay").await;
+
+    assert_eq!(record.status, RunStatus::Succeeded);
+    assert!(harness.ledger.lines.lock().unwrap().is_empty(), "the denied tool never ran");
+    let skipped = skips(&events);
+    assert_eq!(skipped, vec![("ledger_0".to_owned(), SkipReason::Denied, "ledger is not allowed here".to_owned())]);
+    assert_eq!(
+        tool_messages(&harness.requests()[1]),
+        vec!["skipped (denied): ledger is not allowed here".to_owned(), "ok".to_owned()]
+    );
 }

@@ -13,6 +13,7 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 
 use crate::config::{AgentConfig, RuntimeConfig};
+use crate::hooks::ToolHook;
 use crate::llm::{ChatRequest, ModelRegistry};
 use crate::protocol::{EventKind, Limits, RunEvent, RunId};
 use crate::runtime::{Deps, Runtime, SubmitRequest};
@@ -35,6 +36,7 @@ struct Setup {
     limits: Limits,
     store: Arc<dyn RunStore>,
     extra_tools: Vec<Arc<dyn Tool>>,
+    hooks: Vec<Arc<dyn ToolHook>>,
 }
 
 impl Setup {
@@ -45,6 +47,7 @@ impl Setup {
             limits: Limits::default(),
             store: Arc::new(MemoryStore::new()),
             extra_tools: Vec::new(),
+            hooks: Vec::new(),
         }
     }
 
@@ -72,7 +75,7 @@ impl Setup {
             store: self.store,
             models: ModelRegistry::new(model.clone()),
             tools: registry,
-            hooks: Vec::new(),
+            hooks: self.hooks,
             agents: vec![agent],
         };
         let runtime = Runtime::start(self.config, deps).await.unwrap();

@@ -6,7 +6,7 @@
 
 mod worker;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -60,11 +60,13 @@ pub struct ToolPoolConfig {
     /// Time limit of a call whose tool sets none.
     #[serde(with = "crate::config::duration_secs")]
     pub default_timeout: Duration,
+    /// Time limits in seconds by tool name; they override the tool's own.
+    pub timeouts: BTreeMap<String, f64>,
 }
 
 impl Default for ToolPoolConfig {
     fn default() -> Self {
-        Self { workers: 8, queue_limit: 1024, default_timeout: Duration::from_secs(30) }
+        Self { workers: 8, queue_limit: 1024, default_timeout: Duration::from_secs(30), timeouts: BTreeMap::new() }
     }
 }
 

@@ -2,6 +2,7 @@
 //! the tool (that is what workers exist for) and reports to its pool when done. A
 //! panicking tool kills the worker; the pool answers the call and replaces it.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -62,6 +63,8 @@ pub struct PoolShared {
     pub chain: HookChain,
     /// Time limit for tools that set none.
     pub default_timeout: Duration,
+    /// Configured time limits by tool name, ahead of the tool's own.
+    pub timeouts: HashMap<String, Duration>,
 }
 
 /// Messages a worker takes.
@@ -129,7 +132,8 @@ pub async fn execute(shared: &PoolShared, work: WorkItem) -> ToolResult {
                 idempotency_key: idempotency_key(work.run_id, work.turn, work.index),
                 cancel: work.cancel.clone(),
             };
-            let limit = tool.timeout().unwrap_or(shared.default_timeout);
+            let configured = shared.timeouts.get(tool.name()).copied();
+            let limit = configured.or_else(|| tool.timeout()).unwrap_or(shared.default_timeout);
             tokio::select! {
                 _ = work.cancel.cancelled() => (ToolOutcome::Interrupted, 0.0),
                 result = tokio::time::timeout(limit, tool.call(tool_context, args)) => match result {
