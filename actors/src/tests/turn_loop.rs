@@ -161,3 +161,35 @@ async fn seen_documents_are_excluded_from_later_searches_and_cited() {
     assert_eq!(cited, vec![(2, "a-2"), (1, "a-1")]);
     assert!(offered(&harness.requests()[0]).contains(&"search".to_owned()));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_error_fails_the_run_with_a_typed_error_event() {
+    let failure = crate::llm::ModelError::Status { status: 401, message: "bad key".into() };
+    let harness = Setup::new(ScriptedModel::per_turn(vec![crate::testing::Step::Fail(failure)])).start().await;
+    let (record, events) = harness.run("anything").await;
+
+    assert_eq!(record.status, RunStatus::Failed);
+    assert_eq!(record.reason.as_deref(), Some("model error: model returned status 401: bad key"));
+    assert!(events.iter().any(|e| matches!(&e.kind, EventKind::Error { code, .. } if code == "model_status")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undecodable_tool_calls_are_reported_and_the_run_goes_on() {
+    let reply = crate::llm::ModelReply {
+        content: "I tried to call a tool".into(),
+        decode_errors: vec!["call 0: arguments are not JSON: {\"text\": ".into()],
+        ..Default::default()
+    };
+    let harness = Setup::new(ScriptedModel::per_turn(vec![crate::testing::Step::Reply(reply)])).start().await;
+    let (record, events) = harness.run("anything").await;
+
+    assert_eq!(record.status, RunStatus::Succeeded);
+    let decode: Vec<&str> = events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::DecodeError { detail, .. } => Some(detail.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(decode, vec!["call 0: arguments are not JSON: {\"text\": "]);
+}
