@@ -47,6 +47,10 @@ pub struct RuntimeConfig {
     pub event_buffer: usize,
     /// Times a final answer may be sent back by a `gather_more` review.
     pub max_reflections: u32,
+    /// Longest a model call may take, streaming included; the model client's own
+    /// timeouts (connect, first byte, idle stream) should fire first.
+    #[serde(with = "duration_secs")]
+    pub model_timeout: Duration,
 }
 
 impl Default for RuntimeConfig {
@@ -59,6 +63,7 @@ impl Default for RuntimeConfig {
             planner: PlannerConfig::default(),
             event_buffer: 256,
             max_reflections: 1,
+            model_timeout: Duration::from_secs(600),
         }
     }
 }

@@ -37,7 +37,7 @@ impl EventHub {
 
     /// Sends committed events to the run's live subscribers.
     pub fn publish(&self, run_id: RunId, events: Vec<RunEvent>) {
-        if let Some(sender) = self.channels.get(&run_id) {
+        if let Some(sender) = self.channels.get(&run_id).filter(|sender| sender.receiver_count() > 0) {
             for event in events {
                 // No receiver is not an error: subscribers come and go.
                 let _ = sender.send(Arc::new(event));
@@ -48,6 +48,12 @@ impl EventHub {
     /// Ends the run's channel: subscribers drain what is buffered, then finish.
     pub fn close(&self, run_id: RunId) {
         self.channels.remove(&run_id);
+    }
+
+    /// Ends every channel (shutdown, or the supervisor gave up): subscribers read
+    /// what the store has and finish instead of waiting forever.
+    pub fn close_all(&self) {
+        self.channels.clear();
     }
 
     fn receiver(&self, run_id: RunId) -> broadcast::Receiver<Arc<RunEvent>> {
@@ -126,17 +132,18 @@ impl Cursor {
                 }
             }
             let Some(receiver) = self.receiver.as_mut() else {
+                // The channel is gone and the store has nothing more: the run's
+                // session stopped (shutdown) before the run ended.
+                self.finish();
                 return Ok(None);
             };
             match receiver.recv().await {
                 Ok(event) => self.backlog.push_back(event),
                 Err(RecvError::Lagged(_)) => self.stale = true,
                 Err(RecvError::Closed) => {
-                    // The run's session ended; whatever it committed is in the store.
+                    // Whatever the session committed is in the store.
                     self.receiver = None;
-                    if !self.refill().await? {
-                        self.finish();
-                    }
+                    self.stale = true;
                 }
             }
         }
@@ -152,6 +159,14 @@ impl Cursor {
 
     fn finish(&mut self) {
         self.ended = true;
+        self.receiver = None;
+        self.hub.release(self.run_id);
+    }
+}
+
+impl Drop for Cursor {
+    fn drop(&mut self) {
+        // A stream dropped early (a client went away) leaves no channel behind.
         self.receiver = None;
         self.hub.release(self.run_id);
     }

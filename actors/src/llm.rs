@@ -150,6 +150,9 @@ pub enum ModelError {
     /// The stream ended without a final reply.
     #[error("model stream ended without a reply")]
     Incomplete,
+    /// The model client panicked.
+    #[error("the model client crashed")]
+    Crashed,
 }
 
 impl ModelError {
@@ -162,6 +165,7 @@ impl ModelError {
             Self::Overloaded(_) => "model_overloaded",
             Self::Decode(_) => "model_decode",
             Self::Incomplete => "model_incomplete",
+            Self::Crashed => "model_crashed",
         }
     }
 }

@@ -313,7 +313,7 @@ async fn model_review(model: &dyn ModelClient, input: &ReviewInput) -> Result<Re
     }
     let content = reply.ok_or("the model stream ended without a reply")?.content;
     let start = content.find('{').ok_or("the reply has no JSON object")?;
-    let end = content.rfind('}').ok_or("the reply has no JSON object")?;
+    let end = content.rfind('}').filter(|end| *end > start).ok_or("the reply has no JSON object")?;
     let verdict: ModelVerdict = serde_json::from_str(&content[start..=end])
         .map_err(|error| format!("the reply does not match the review schema: {error}"))?;
     for (name, score) in [

@@ -164,9 +164,10 @@ impl Runtime {
         let agents = check_agents(&deps)?;
         let mut timeouts = HashMap::new();
         for (tool, seconds) in &config.tool_pool.timeouts {
-            let limit = Duration::try_from_secs_f64(*seconds).map_err(|_| {
-                RuntimeError::Config(format!("tool_pool.timeouts.{tool} must be a positive number of seconds"))
-            })?;
+            let limit =
+                Duration::try_from_secs_f64(*seconds).ok().filter(|limit| !limit.is_zero()).ok_or_else(|| {
+                    RuntimeError::Config(format!("tool_pool.timeouts.{tool} must be a positive number of seconds"))
+                })?;
             timeouts.insert(tool.clone(), limit);
         }
         let pool = PoolShared {
@@ -307,7 +308,14 @@ impl Runtime {
                 Some(_) => Err(InputError::NotWaiting),
             };
         };
-        ractor::call!(session, |reply| SessionMsg::Input { text, reply }).map_err(|_| InputError::Unavailable)?
+        match ractor::call!(session, |reply| SessionMsg::Input { text, reply }) {
+            Ok(result) => result,
+            // The session stopped as the input came: the run just ended.
+            Err(_) => match self.shared.store.get_run(run_id).await? {
+                Some(run) if run.status.is_terminal() => Err(InputError::NotWaiting),
+                _ => Err(InputError::Unavailable),
+            },
+        }
     }
 
     /// Cancels a run; returns once `run_end` is committed.
@@ -319,9 +327,14 @@ impl Runtime {
             return Err(CancelError::AlreadyEnded(run.status));
         }
         match self.session(run_id).await.map_err(|_| CancelError::Unavailable)? {
-            Some(session) => {
-                ractor::call!(session, |reply| SessionMsg::Cancel { reply }).map_err(|_| CancelError::Unavailable)
-            }
+            Some(session) => match ractor::call!(session, |reply| SessionMsg::Cancel { reply }) {
+                Ok(()) => Ok(()),
+                // The session stopped as the cancel came: the run just ended.
+                Err(_) => match self.shared.store.get_run(run_id).await? {
+                    Some(run) if run.status.is_terminal() => Err(CancelError::AlreadyEnded(run.status)),
+                    _ => Err(CancelError::Unavailable),
+                },
+            },
             None => {
                 Ok(end_run(&self.shared, run_id, RunStatus::Cancelled, "cancelled by the client".to_owned()).await?)
             }
@@ -362,6 +375,8 @@ impl Runtime {
             warn!("actors did not stop in time; killing them");
             self.supervisor.kill();
         }
+        // Open streams read what the store has and end.
+        self.shared.hub.close_all();
     }
 }
 
@@ -418,8 +433,9 @@ pub async fn end_run(
         kind,
     });
     let writes = vec![StoreWrite::Status { status, reason: Some(reason) }];
-    shared.store.commit(Commit { run_id, writes, events: events.clone() }).await?;
-    shared.hub.publish(run_id, events);
+    let commit = Commit { run_id, writes, events };
+    shared.store.commit(&commit).await?;
+    shared.hub.publish(run_id, commit.events);
     shared.hub.close(run_id);
     metrics::run_finished(&run.agent, status.as_str());
     Ok(())

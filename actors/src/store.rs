@@ -166,8 +166,9 @@ pub trait RunStore: Send + Sync + 'static {
     /// Stores a new run with its first events.
     async fn create_run(&self, run: RunRecord, events: Vec<RunEvent>) -> Result<(), StoreError>;
 
-    /// Applies a commit atomically.
-    async fn commit(&self, commit: Commit) -> Result<(), StoreError>;
+    /// Applies a commit atomically. Borrowed: the caller publishes the events after
+    /// the commit, and a SQL store only needs to read them.
+    async fn commit(&self, commit: &Commit) -> Result<(), StoreError>;
 
     /// The run's record.
     async fn get_run(&self, run_id: RunId) -> Result<Option<RunRecord>, StoreError>;
@@ -278,7 +279,7 @@ impl RunStore for MemoryStore {
         })?
     }
 
-    async fn commit(&self, commit: Commit) -> Result<(), StoreError> {
+    async fn commit(&self, commit: &Commit) -> Result<(), StoreError> {
         self.with_runs(|runs| {
             let run_id = commit.run_id;
             let entry = runs.get_mut(&run_id).ok_or(StoreError::NotFound(run_id))?;
@@ -288,11 +289,11 @@ impl RunStore for MemoryStore {
             }
             check_sequence(run_id, snapshot.last_seq, &commit.events)?;
             let now = Utc::now();
-            for write in commit.writes {
-                apply_write(snapshot, write, now);
+            for write in &commit.writes {
+                apply_write(snapshot, write.clone(), now);
             }
             snapshot.last_seq += commit.events.len() as u64;
-            entry.events.extend(commit.events);
+            entry.events.extend(commit.events.iter().cloned());
             Ok(())
         })?
     }

@@ -26,6 +26,9 @@ use crate::runtime::{RuntimeShared, end_run};
 use crate::session::{Session, SessionArgs, SessionMsg};
 use crate::tool_pool::{ToolPool, ToolPoolMsg};
 
+/// Tries at recording a run failed by a meltdown.
+const END_RUN_ATTEMPTS: u32 = 4;
+
 /// Time limit of a model-backed review.
 const REVIEW_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -270,10 +273,22 @@ impl Supervisor {
             "supervisor_meltdown: the run's session crashed more than {} times in {:?}",
             policy.max_restarts, policy.period
         );
-        // Offloaded: the supervisor does not wait on the store.
+        // Offloaded: the supervisor does not wait on the store. A store that is down
+        // gets a few tries; after that the run stays unfinished and the next start
+        // resumes it.
         tokio::spawn(async move {
-            if let Err(error) = end_run(&shared, run_id, RunStatus::Failed, why).await {
-                error!(run_id = %run_id, %error, "could not record the failed run");
+            for attempt in 1..=END_RUN_ATTEMPTS {
+                match end_run(&shared, run_id, RunStatus::Failed, why.clone()).await {
+                    Ok(()) => return,
+                    Err(error) if attempt == END_RUN_ATTEMPTS => {
+                        error!(run_id = %run_id, %error, "could not record the failed run");
+                        shared.hub.close(run_id);
+                    }
+                    Err(error) => {
+                        warn!(run_id = %run_id, %error, attempt, "could not record the failed run; retrying");
+                        tokio::time::sleep(Duration::from_millis(200) * 4u32.pow(attempt)).await;
+                    }
+                }
             }
         });
     }
@@ -291,6 +306,8 @@ impl Supervisor {
         if state.shared_restarts.len() >= policy.max_restarts {
             metrics::supervisor_meltdown("root");
             error!(actor, reason, "shared actor crashed too often; the supervisor gives up");
+            // Every session dies with the supervisor: no live stream may wait for them.
+            self.shared.hub.close_all();
             return Err(
                 format!("{actor} crashed more than {} times in {:?}", policy.max_restarts, policy.period).into()
             );

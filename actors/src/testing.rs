@@ -27,6 +27,8 @@ pub enum Step {
     Fail(ModelError),
     /// Never answer (until the call is dropped).
     Hang,
+    /// Panic inside the model client.
+    Panic,
 }
 
 /// A reply with text only (a final answer).
@@ -157,6 +159,7 @@ impl ModelClient for ScriptedModel {
             }
             Step::Fail(error) => Err(error),
             Step::Hang => Ok(Box::pin(stream::pending())),
+            Step::Panic => panic!("injected model client panic"),
         }
     }
 }
@@ -347,8 +350,8 @@ impl RunStore for FaultyStore {
     async fn create_run(&self, run: RunRecord, events: Vec<crate::protocol::RunEvent>) -> Result<(), StoreError> {
         self.inner.create_run(run, events).await
     }
-    async fn commit(&self, commit: Commit) -> Result<(), StoreError> {
-        if (self.predicate)(&commit)
+    async fn commit(&self, commit: &Commit) -> Result<(), StoreError> {
+        if (self.predicate)(commit)
             && self.remaining.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| left.checked_sub(1)).is_ok()
         {
             panic!("injected store fault");

@@ -128,6 +128,19 @@ pub trait Tool: Send + Sync + 'static {
     async fn call(&self, context: ToolContext, args: Value) -> Result<ToolOutput, ToolError>;
 }
 
+/// `tool.describe_start(args)`, or a plain line if the tool panics: a description
+/// is never worth a crash.
+pub fn describe_start(tool: &dyn Tool, args: &Value) -> String {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tool.describe_start(args)))
+        .unwrap_or_else(|_| format!("Calling {}", tool.name()))
+}
+
+/// `tool.describe_end(outcome)`, or a plain line if the tool panics.
+pub fn describe_end(tool: &dyn Tool, outcome: &ToolOutcome) -> String {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tool.describe_end(outcome)))
+        .unwrap_or_else(|_| format!("{} finished", tool.name()))
+}
+
 /// Why a tool could not be registered.
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {

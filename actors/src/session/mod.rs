@@ -35,7 +35,7 @@ use crate::protocol::{
 use crate::reviewer::{CallSummary, ReviewInput, ReviewReply, ReviewerMsg};
 use crate::runtime::{InputError, RuntimeShared};
 use crate::store::{Commit, RunRecord, StoreError, StoreWrite, StoredMessage};
-use crate::tool_pool::{ToolJob, ToolPoolMsg, ToolResult, WorkItem};
+use crate::tool_pool::{ToolJob, ToolPoolMsg, ToolReply, ToolResult, WorkItem};
 
 pub use prompt::{ASK_USER, ask_user_definition, resolve_citations};
 
@@ -117,6 +117,9 @@ struct Live {
     outbox: Outbox,
     phase: Phase,
     cancel: CancellationToken,
+    /// Cancels `cancel` when the state is dropped, also when the session crashes:
+    /// the calls of a dead session stop instead of running on unobserved.
+    _cancel_on_drop: tokio_util::sync::DropGuard,
     /// The offloaded model call; dropping it (also when the session is killed)
     /// aborts the call.
     model_task: Option<AbortOnDrop>,
@@ -277,12 +280,11 @@ impl Session {
         let run_id = live.outbox.run_id;
         let events = std::mem::take(&mut live.outbox.events);
         let writes = std::mem::take(&mut live.outbox.writes);
-        let hub = &self.shared.hub;
-        let published = hub.has_subscribers(run_id).then(|| events.clone());
-        self.shared.store.commit(Commit { run_id, writes, events }).await?;
-        if let Some(events) = published {
-            hub.publish(run_id, events);
-        }
+        let commit = Commit { run_id, writes, events };
+        self.shared.store.commit(&commit).await?;
+        // Whether anyone listens is decided after the commit: a subscriber that
+        // arrived during it has read the store before this commit landed.
+        self.shared.hub.publish(run_id, commit.events);
         Ok(())
     }
 
@@ -316,11 +318,12 @@ impl Session {
         let system = prompt::system_prompt(&live.agent, &live.plan, &tools, &blocked);
         let request = prompt::build_request(system, &live.conversation, tools, synthesis, live.run.limits.max_turns);
         let model = live.model.clone();
-        let session = myself.clone();
+        let limit = self.shared.config.model_timeout;
+        let done = ModelDoneGuard { session: myself.clone(), turn, started: Instant::now(), sent: false };
         let task = tokio::spawn(async move {
-            let started = Instant::now();
-            let result = stream_reply(model.as_ref(), request, &session, turn).await;
-            let _ = session.cast(SessionMsg::ModelDone { turn, result, elapsed: started.elapsed() });
+            let reply = stream_reply(model.as_ref(), request, &done.session, turn);
+            let result = tokio::time::timeout(limit, reply).await.unwrap_or(Err(ModelError::Timeout(limit)));
+            done.send(result);
         });
         live.model_task = Some(AbortOnDrop(task.abort_handle()));
         live.phase = Phase::Model { turn, synthesis };
@@ -373,7 +376,7 @@ impl Session {
             live.outbox.emit(EventKind::DecodeError { turn, detail: detail.clone() });
         }
         // The synthesis turn answers; any tool calls it makes anyway are ignored.
-        let calls = if synthesis { Vec::new() } else { reply.tool_calls };
+        let calls = if synthesis { Vec::new() } else { unique_call_ids(turn, reply.tool_calls) };
         let message =
             Message { role: Role::Assistant, content: reply.content, tool_calls: calls.clone(), tool_call_id: None };
         self.append_message(live, turn, message.clone());
@@ -457,18 +460,14 @@ impl Session {
         let pool = self.shared.handles.tool_pool();
         for work in jobs {
             let session = myself.clone();
-            let reply = Box::new(move |result: ToolResult| {
+            let reply = ToolReply::new(self.shared.pool.clone(), work.clone(), move |result: ToolResult| {
                 let _ = session.cast(SessionMsg::ToolDone(Box::new(result)));
             });
-            let job = ToolPoolMsg::Execute(ToolJob { work: work.clone(), reply });
+            let job = ToolPoolMsg::Execute(Box::new(ToolJob { work, reply }));
+            // Unsent, the job is dropped here and its reply answers `tool_pool_unavailable`.
             let sent = pool.as_ref().is_some_and(|pool| pool.cast(job).is_ok());
             if !sent {
-                warn!(run_id = %work.run_id, "tool pool unreachable");
-                let outcome =
-                    ToolOutcome::failed("tool_pool_unavailable", "the tool executor is restarting; try again");
-                let result =
-                    crate::tool_pool::finish(&self.shared.pool, &work, outcome, Utc::now(), Default::default(), 0.0);
-                myself.cast(SessionMsg::ToolDone(Box::new(result)))?;
+                warn!(run_id = %live.run.run_id, "tool pool unreachable");
             }
         }
         self.maybe_end_tools(myself, live).await
@@ -478,7 +477,7 @@ impl Session {
     fn mark_started(&self, live: &mut Live, work: &WorkItem) {
         let call = &work.call;
         let summary = match self.shared.pool.registry.get(&call.name) {
-            Some(registered) => registered.tool.describe_start(&call.args),
+            Some(registered) => crate::tool::describe_start(registered.tool.as_ref(), &call.args),
             None => format!("Calling {}", call.name),
         };
         self.emit_call_start(live, work.turn, call, summary);
@@ -878,6 +877,37 @@ impl Session {
     }
 }
 
+/// Reports the end of a model call exactly once. Dropped unsent (the model client
+/// panicked, or the task was aborted), it reports a failure, so the session never
+/// waits forever for a reply.
+struct ModelDoneGuard {
+    session: ActorRef<SessionMsg>,
+    turn: u32,
+    started: Instant,
+    sent: bool,
+}
+
+impl ModelDoneGuard {
+    fn send(mut self, result: Result<ModelReply, ModelError>) {
+        self.sent = true;
+        let message = SessionMsg::ModelDone { turn: self.turn, result, elapsed: self.started.elapsed() };
+        let _ = self.session.cast(message);
+    }
+}
+
+impl Drop for ModelDoneGuard {
+    fn drop(&mut self) {
+        if !self.sent {
+            let message = SessionMsg::ModelDone {
+                turn: self.turn,
+                result: Err(ModelError::Crashed),
+                elapsed: self.started.elapsed(),
+            };
+            let _ = self.session.cast(message);
+        }
+    }
+}
+
 /// Aborts an offloaded task when dropped.
 struct AbortOnDrop(tokio::task::AbortHandle);
 
@@ -911,6 +941,19 @@ fn started_record(work: &WorkItem) -> ToolExecutionRecord {
         status: CallStatus::Started,
         error: None,
     }
+}
+
+/// The calls with usable ids: the store and a resumed turn find a call by its id,
+/// so an empty or repeated id from the model is replaced by `call_{turn}_{index}`.
+fn unique_call_ids(turn: u32, mut calls: Vec<ToolCall>) -> Vec<ToolCall> {
+    let mut seen = std::collections::HashSet::new();
+    for (index, call) in calls.iter_mut().enumerate() {
+        if call.call_id.trim().is_empty() || !seen.insert(call.call_id.clone()) {
+            call.call_id = format!("call_{turn}_{index}");
+            seen.insert(call.call_id.clone());
+        }
+    }
+    calls
 }
 
 /// Why the run may not call the model again, if it may not.

@@ -55,6 +55,7 @@ impl Session {
         };
         let run = &snapshot.run;
         let conversation = canonical_conversation(&run.input, &snapshot.messages);
+        let cancel = CancellationToken::new();
         let max_turns = run.limits.max_turns;
         let reflections = snapshot
             .messages
@@ -82,7 +83,8 @@ impl Session {
                 writes: Vec::new(),
             },
             phase: Phase::Idle,
-            cancel: CancellationToken::new(),
+            _cancel_on_drop: cancel.clone().drop_guard(),
+            cancel,
             model_task: None,
             reflections,
             turn_clock: Instant::now(),
@@ -94,6 +96,7 @@ impl Session {
         if live.run.turn > 0 {
             info!(run_id = %live.run.run_id, turn = live.run.turn, "resuming run from the store");
         }
+        self.nudge_subscribers(live, &snapshot).await?;
         self.resume(myself, live, &snapshot).await
     }
 
@@ -206,6 +209,18 @@ impl Session {
             return Ok(());
         }
         self.advance_tools(myself, live).await
+    }
+
+    /// Re-publishes the last committed event. A previous session may have died
+    /// between a commit and its publish; a subscriber waiting on the channel then
+    /// sees a gap, or its next event, and catches up from the store.
+    async fn nudge_subscribers(&self, live: &Live, snapshot: &RunSnapshot) -> Result<(), ActorProcessingErr> {
+        let run_id = live.run.run_id;
+        if self.shared.hub.has_subscribers(run_id) {
+            let tail = self.shared.store.events_after(run_id, snapshot.last_seq.saturating_sub(1), 1).await?;
+            self.shared.hub.publish(run_id, tail);
+        }
+        Ok(())
     }
 
     fn idempotent(&self, tool: &str) -> bool {

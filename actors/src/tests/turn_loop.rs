@@ -193,3 +193,51 @@ async fn undecodable_tool_calls_are_reported_and_the_run_goes_on() {
         .collect();
     assert_eq!(decode, vec!["call 0: arguments are not JSON: {\"text\": "]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_model_client_fails_the_run_instead_of_hanging_it() {
+    let harness = Setup::new(ScriptedModel::per_turn(vec![crate::testing::Step::Panic])).start().await;
+    let (record, _) = harness.run("anything").await;
+    assert_eq!(record.status, RunStatus::Failed);
+    assert_eq!(record.reason.as_deref(), Some("model error: the model client crashed"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_model_call_that_never_ends_times_out() {
+    let mut setup = Setup::new(ScriptedModel::per_turn(vec![crate::testing::Step::Hang]));
+    setup.config.model_timeout = std::time::Duration::from_secs(30);
+    let harness = setup.start().await;
+    let (record, _) = harness.run("anything").await;
+    assert_eq!(record.status, RunStatus::Failed);
+    assert_eq!(record.reason.as_deref(), Some("model error: model timed out after 30s"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_or_repeated_call_ids_from_the_model_are_made_unique() {
+    let mut reply = match calls(&[
+        ("echo", json!({"text": "a"})),
+        ("echo", json!({"text": "b"})),
+        ("echo", json!({"text": "c"})),
+    ]) {
+        crate::testing::Step::Reply(reply) => reply,
+        _ => unreachable!(),
+    };
+    reply.tool_calls[0].call_id = "same".into();
+    reply.tool_calls[1].call_id = "same".into();
+    reply.tool_calls[2].call_id = String::new();
+    let harness =
+        Setup::new(ScriptedModel::per_turn(vec![crate::testing::Step::Reply(reply), text("done")])).start().await;
+    let (record, events) = harness.run("three calls").await;
+
+    assert_eq!(record.status, RunStatus::Succeeded);
+    let mut ended: Vec<String> = events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::ToolCallEnd { call_id, .. } => Some(call_id.clone()),
+            _ => None,
+        })
+        .collect();
+    ended.sort();
+    assert_eq!(ended, vec!["call_1_1".to_owned(), "call_1_2".to_owned(), "same".to_owned()]);
+    assert_eq!(tool_messages(&harness.requests()[1]), vec!["a".to_owned(), "b".to_owned(), "c".to_owned()]);
+}

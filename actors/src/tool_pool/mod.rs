@@ -18,10 +18,43 @@ use tracing::{error, warn};
 use crate::metrics;
 use crate::protocol::ToolOutcome;
 
-pub use worker::{PoolShared, ToolResult, ToolWorker, ToolWorkerMsg, WorkItem, execute, finish, idempotency_key};
+pub use worker::{PoolShared, ToolResult, ToolWorker, ToolWorkerMsg, WorkItem, book, execute, finish, idempotency_key};
 
-/// Where a call's result goes; called exactly once.
-pub type ToolReply = Box<dyn FnOnce(ToolResult) + Send + 'static>;
+/// Where a call's result goes: answered exactly once. Dropped unanswered (the pool
+/// died with the call queued or running, or was unreachable), it answers
+/// `Failed{tool_pool_unavailable}` itself, so no run waits forever for a call.
+pub struct ToolReply {
+    shared: Arc<PoolShared>,
+    work: WorkItem,
+    send: Option<Box<dyn FnOnce(ToolResult) + Send + 'static>>,
+}
+
+impl ToolReply {
+    /// A reply for `work` that calls `send` once.
+    pub fn new(shared: Arc<PoolShared>, work: WorkItem, send: impl FnOnce(ToolResult) + Send + 'static) -> Self {
+        Self { shared, work, send: Some(Box::new(send)) }
+    }
+
+    /// Answers the call.
+    pub fn send(mut self, result: ToolResult) {
+        if let Some(send) = self.send.take() {
+            send(result);
+        }
+    }
+}
+
+impl Drop for ToolReply {
+    fn drop(&mut self) {
+        if let Some(send) = self.send.take() {
+            let outcome = ToolOutcome::failed(
+                "tool_pool_unavailable",
+                "the tool executor stopped before answering this call; try again",
+            );
+            let summary = format!("{} was not answered", self.work.call.name);
+            send(worker::book(&self.shared, &self.work, outcome, Utc::now(), Duration::ZERO, 0.0, summary));
+        }
+    }
+}
 
 /// A call for the pool.
 pub struct ToolJob {
@@ -34,7 +67,7 @@ pub struct ToolJob {
 /// Messages the pool takes.
 pub enum ToolPoolMsg {
     /// Run a call; its reply is called with the result.
-    Execute(ToolJob),
+    Execute(Box<ToolJob>),
     /// A worker finished a call (internal).
     Done {
         /// The worker.
@@ -113,19 +146,19 @@ impl Actor for ToolPool {
     ) -> Result<(), ActorProcessingErr> {
         match message {
             ToolPoolMsg::Execute(job) => {
-                if state.queue.len() >= self.config.queue_limit {
+                if state.idle.is_empty() && state.queue.len() >= self.config.queue_limit {
                     warn!(run_id = %job.work.run_id, tool = %job.work.call.name, "tool queue full");
                     let outcome =
                         ToolOutcome::failed("pool_overloaded", "too many tool calls are waiting; try again later");
                     let result = worker::finish(&self.shared, &job.work, outcome, Utc::now(), Duration::ZERO, 0.0);
-                    (job.reply)(result);
+                    job.reply.send(result);
                 } else {
-                    state.queue.push_back(job);
+                    state.queue.push_back(*job);
                 }
             }
             ToolPoolMsg::Done { worker, result } => {
                 if let Some((worker_ref, in_flight)) = state.busy.remove(&worker) {
-                    (in_flight.reply)(*result);
+                    in_flight.reply.send(*result);
                     state.idle.push(worker_ref);
                 }
             }
@@ -158,7 +191,7 @@ impl Actor for ToolPool {
                         in_flight.started.elapsed(),
                         0.0,
                     );
-                    (in_flight.reply)(result);
+                    in_flight.reply.send(result);
                 }
                 metrics::actor_restarted("tool_worker");
                 state.idle.push(self.spawn_worker(&myself).await?);
@@ -206,5 +239,36 @@ impl ToolPool {
             state.busy.insert(worker.get_id(), (worker, in_flight));
         }
         metrics::tool_queue_depth(state.queue.len());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hooks::{HookChain, HookConfig, RunLedger};
+    use crate::protocol::{RunId, ToolCall};
+    use crate::tool::ToolRegistry;
+
+    #[test]
+    fn a_reply_dropped_unanswered_answers_tool_pool_unavailable() {
+        let shared = Arc::new(PoolShared {
+            registry: ToolRegistry::new(),
+            chain: HookChain::new(HookConfig::default(), Vec::new()),
+            default_timeout: Duration::from_secs(30),
+            timeouts: HashMap::new(),
+        });
+        let work = WorkItem {
+            run_id: RunId::new(),
+            turn: 1,
+            index: 0,
+            call: ToolCall { call_id: "c".into(), name: "echo".into(), args: serde_json::json!({}) },
+            ledger: Arc::new(RunLedger::new()),
+            cancel: Default::default(),
+        };
+        let (sender, receiver) = std::sync::mpsc::channel();
+        drop(ToolReply::new(shared, work, move |result| sender.send(result).unwrap()));
+        let result = receiver.recv().unwrap();
+        assert!(matches!(&result.outcome, ToolOutcome::Failed { code, .. } if code == "tool_pool_unavailable"));
+        assert_eq!(result.record.error.as_deref(), Some("tool_pool_unavailable"));
     }
 }

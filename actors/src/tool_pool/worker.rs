@@ -120,6 +120,10 @@ pub async fn execute(shared: &PoolShared, work: WorkItem) -> ToolResult {
         ledger: &work.ledger,
         config: &shared.chain.config,
     };
+    if work.cancel.is_cancelled() {
+        // The run was cancelled while this call waited in the queue: it never starts.
+        return finish(shared, &work, ToolOutcome::Interrupted, started_at, clock.elapsed(), 0.0);
+    }
     let (outcome, cost_usd) = match (shared.chain.before(&context, &work.call).await, registered) {
         (Admission::Skip(outcome), _) => (outcome, 0.0),
         (Admission::Run(_), None) => (ToolOutcome::failed("unknown_tool", "no such tool"), 0.0),
@@ -135,6 +139,7 @@ pub async fn execute(shared: &PoolShared, work: WorkItem) -> ToolResult {
             let configured = shared.timeouts.get(tool.name()).copied();
             let limit = configured.or_else(|| tool.timeout()).unwrap_or(shared.default_timeout);
             tokio::select! {
+                biased;
                 _ = work.cancel.cancelled() => (ToolOutcome::Interrupted, 0.0),
                 result = tokio::time::timeout(limit, tool.call(tool_context, args)) => match result {
                     Ok(Ok(output)) => (ToolOutcome::Ok { value: output.value, fragments: output.fragments }, output.cost_usd),
@@ -163,6 +168,24 @@ pub fn finish(
     elapsed: Duration,
     cost_usd: f64,
 ) -> ToolResult {
+    let summary = match shared.registry.get(&work.call.name) {
+        Some(registered) => crate::tool::describe_end(registered.tool.as_ref(), &outcome),
+        None => format!("{} is not a known tool", work.call.name),
+    };
+    book(shared, work, outcome, started_at, elapsed, cost_usd, summary)
+}
+
+/// Books a call without running any of the tool's code (its summary is given).
+/// Safe inside `Drop`.
+pub fn book(
+    shared: &PoolShared,
+    work: &WorkItem,
+    outcome: ToolOutcome,
+    started_at: DateTime<Utc>,
+    elapsed: Duration,
+    cost_usd: f64,
+    summary: String,
+) -> ToolResult {
     let call = &work.call;
     let status = outcome.status();
     let error = match &outcome {
@@ -186,11 +209,6 @@ pub fn finish(
     if newly_blocked {
         metrics::tool_blocked(&call.name);
     }
-    let registered = shared.registry.get(&call.name);
-    let summary = match registered {
-        Some(registered) => registered.tool.describe_end(&outcome),
-        None => format!("{} is not a known tool", call.name),
-    };
     debug!(run_id = %work.run_id, tool = %call.name, status = status.as_str(), duration_ms, "tool call finished");
     let record = ToolExecutionRecord {
         run: work.run_id,
