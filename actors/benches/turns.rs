@@ -71,11 +71,14 @@ fn main() {
     let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
     let tokio = tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build().unwrap();
     println!("troupe-actors bench: {workers} worker threads");
-    tokio.block_on(throughput(runs.min(100)));
-    let (turns_per_second, cpu_per_turn) = tokio.block_on(throughput(runs));
-    println!(
-        "throughput: {runs} runs x {TURNS_PER_RUN} turns: {turns_per_second:.0} turns/s, {cpu_per_turn:.1} µs CPU per turn"
-    );
+    tokio.block_on(throughput(runs.min(100), true));
+    for (followed, how) in [(true, "each followed by a subscriber"), (false, "unobserved")] {
+        let (turns_per_second, cpu_per_turn) = tokio.block_on(throughput(runs, followed));
+        println!(
+            "throughput: {runs} runs x {TURNS_PER_RUN} turns, {how}: {turns_per_second:.0} turns/s, \
+             {cpu_per_turn:.1} µs CPU per turn"
+        );
+    }
     for (planned, when) in [(false, "in turn 1, before any plan"), (true, "in turn 2, after todo_write")] {
         let bytes = tokio.block_on(footprint(parked, planned));
         println!("footprint: {parked} runs parked on the model {when}: {:.1} KiB heap per run", bytes / 1024.0);
@@ -98,8 +101,10 @@ async fn start(model: ScriptedModel, max_active_runs: usize) -> Runtime {
     Runtime::start(config, deps).await.unwrap()
 }
 
-/// Turns per second and CPU microseconds per turn.
-async fn throughput(runs: usize) -> (f64, f64) {
+/// Turns per second and CPU microseconds per turn. `followed`: every run has a live
+/// subscriber reading all its events (as an SSE client would); otherwise the runs
+/// are submitted and their end is noticed by polling the number of active runs.
+async fn throughput(runs: usize, followed: bool) -> (f64, f64) {
     let model = ScriptedModel::per_turn(vec![
         calls(&[("todo_write", todo(&[("1", "echo", "in_progress"), ("2", "answer", "pending")]))]),
         calls(&[("echo", json!({"text": "a"})), ("echo", json!({"text": "b"}))]),
@@ -114,16 +119,26 @@ async fn throughput(runs: usize) -> (f64, f64) {
         let runtime = runtime.clone();
         handles.push(tokio::spawn(async move {
             let run_id = runtime.submit(SubmitRequest::new("bench", format!("run {index}"))).await.unwrap();
-            runtime.wait(run_id).await.unwrap()
+            if followed {
+                runtime.wait(run_id).await.unwrap();
+            }
+            run_id
         }));
     }
+    let mut run_ids = Vec::with_capacity(runs);
     for handle in handles {
-        let record = handle.await.unwrap();
-        assert_eq!(record.status, RunStatus::Succeeded);
-        assert_eq!(u64::from(record.turn), TURNS_PER_RUN);
+        run_ids.push(handle.await.unwrap());
+    }
+    while runtime.active_runs().await > 0 {
+        tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let wall = clock.elapsed();
     let cpu = cpu_time() - cpu_before;
+    for run_id in run_ids {
+        let record = runtime.get(run_id).await.unwrap().unwrap();
+        assert_eq!(record.status, RunStatus::Succeeded);
+        assert_eq!(u64::from(record.turn), TURNS_PER_RUN);
+    }
     let turns = runs as u64 * TURNS_PER_RUN;
     (turns as f64 / wall.as_secs_f64(), cpu.as_secs_f64() * 1e6 / turns as f64)
 }

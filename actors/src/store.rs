@@ -6,11 +6,9 @@
 //! without a gap. [`MemoryStore`] is the in-process implementation; the SQL
 //! implementations live in the `troupe` package.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use dashmap::DashMap;
 use serde::{Deserialize, Serialize};
 
 use crate::llm::Message;
@@ -229,17 +227,22 @@ pub fn apply_write(snapshot: &mut RunSnapshot, write: StoreWrite, now: DateTime<
     }
 }
 
-#[derive(Default)]
 struct MemoryRun {
-    snapshot: Option<RunSnapshot>,
+    snapshot: RunSnapshot,
     events: Vec<RunEvent>,
 }
 
 /// An in-process store. Nothing survives the process; use it for tests, benches
-/// and embedded runtimes that need no durability.
-#[derive(Default)]
+/// and embedded runtimes that need no durability. Runs live in a sharded map, so
+/// sessions committing to different runs rarely wait for each other.
 pub struct MemoryStore {
-    runs: Mutex<HashMap<RunId, MemoryRun>>,
+    runs: DashMap<RunId, MemoryRun>,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self { runs: DashMap::with_shard_amount(64) }
+    }
 }
 
 impl MemoryStore {
@@ -247,102 +250,144 @@ impl MemoryStore {
     pub fn new() -> Self {
         Self::default()
     }
-
-    fn with_runs<T>(&self, f: impl FnOnce(&mut HashMap<RunId, MemoryRun>) -> T) -> Result<T, StoreError> {
-        // A poisoned lock means a panic mid-commit elsewhere; commits validate before
-        // they mutate, so the data is still consistent and we keep serving it.
-        let mut runs = self.runs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        Ok(f(&mut runs))
-    }
 }
 
 #[async_trait]
 impl RunStore for MemoryStore {
     async fn create_run(&self, run: RunRecord, events: Vec<RunEvent>) -> Result<(), StoreError> {
-        self.with_runs(|runs| {
-            let run_id = run.run_id;
-            if runs.contains_key(&run_id) {
-                return Err(StoreError::Exists(run_id));
+        let run_id = run.run_id;
+        check_sequence(run_id, 0, &events)?;
+        let snapshot = RunSnapshot {
+            run,
+            messages: Vec::new(),
+            plan: Plan::default(),
+            tool_executions: Vec::new(),
+            reviews: Vec::new(),
+            documents: Vec::new(),
+            last_seq: events.len() as u64,
+        };
+        match self.runs.entry(run_id) {
+            dashmap::Entry::Occupied(_) => Err(StoreError::Exists(run_id)),
+            dashmap::Entry::Vacant(slot) => {
+                slot.insert(MemoryRun { snapshot, events });
+                Ok(())
             }
-            check_sequence(run_id, 0, &events)?;
-            let snapshot = RunSnapshot {
-                run,
-                messages: Vec::new(),
-                plan: Plan::default(),
-                tool_executions: Vec::new(),
-                reviews: Vec::new(),
-                documents: Vec::new(),
-                last_seq: events.len() as u64,
-            };
-            runs.insert(run_id, MemoryRun { snapshot: Some(snapshot), events });
-            Ok(())
-        })?
+        }
     }
 
     async fn commit(&self, commit: &Commit) -> Result<(), StoreError> {
-        self.with_runs(|runs| {
-            let run_id = commit.run_id;
-            let entry = runs.get_mut(&run_id).ok_or(StoreError::NotFound(run_id))?;
-            let snapshot = entry.snapshot.as_mut().ok_or(StoreError::NotFound(run_id))?;
-            if snapshot.run.status.is_terminal() {
-                return Err(StoreError::Terminal(run_id));
-            }
-            check_sequence(run_id, snapshot.last_seq, &commit.events)?;
-            let now = Utc::now();
-            for write in &commit.writes {
-                apply_write(snapshot, write.clone(), now);
-            }
-            snapshot.last_seq += commit.events.len() as u64;
-            entry.events.extend(commit.events.iter().cloned());
-            Ok(())
-        })?
+        let run_id = commit.run_id;
+        let mut entry = self.runs.get_mut(&run_id).ok_or(StoreError::NotFound(run_id))?;
+        let MemoryRun { snapshot, events } = &mut *entry;
+        if snapshot.run.status.is_terminal() {
+            return Err(StoreError::Terminal(run_id));
+        }
+        // Validation comes before any change, so a rejected commit changes nothing.
+        check_sequence(run_id, snapshot.last_seq, &commit.events)?;
+        let now = Utc::now();
+        for write in &commit.writes {
+            apply_write(snapshot, write.clone(), now);
+        }
+        snapshot.last_seq += commit.events.len() as u64;
+        events.extend(commit.events.iter().cloned());
+        Ok(())
     }
 
     async fn get_run(&self, run_id: RunId) -> Result<Option<RunRecord>, StoreError> {
-        self.with_runs(|runs| runs.get(&run_id).and_then(|entry| entry.snapshot.as_ref()).map(|s| s.run.clone()))
+        Ok(self.runs.get(&run_id).map(|entry| entry.snapshot.run.clone()))
     }
 
     async fn load(&self, run_id: RunId) -> Result<Option<RunSnapshot>, StoreError> {
-        self.with_runs(|runs| runs.get(&run_id).and_then(|entry| entry.snapshot.clone()))
+        Ok(self.runs.get(&run_id).map(|entry| entry.snapshot.clone()))
     }
 
     async fn events_after(&self, run_id: RunId, after: u64, limit: usize) -> Result<Vec<RunEvent>, StoreError> {
-        self.with_runs(|runs| {
-            let Some(entry) = runs.get(&run_id) else {
-                return Err(StoreError::NotFound(run_id));
-            };
-            // Seqs start at 1 and are dense, so seq n sits at index n - 1.
-            let start = (after as usize).min(entry.events.len());
-            Ok(entry.events[start..].iter().take(limit).cloned().collect())
-        })?
+        let entry = self.runs.get(&run_id).ok_or(StoreError::NotFound(run_id))?;
+        // Seqs start at 1 and are dense, so seq n sits at index n - 1.
+        let start = (after as usize).min(entry.events.len());
+        Ok(entry.events[start..].iter().take(limit).cloned().collect())
     }
 
     async fn list_runs(&self, query: RunQuery) -> Result<Vec<RunRecord>, StoreError> {
-        self.with_runs(|runs| {
-            let mut records: Vec<RunRecord> = runs
-                .values()
-                .filter_map(|entry| entry.snapshot.as_ref())
-                .map(|snapshot| &snapshot.run)
-                .filter(|run| query.tenant.as_ref().is_none_or(|tenant| &run.tenant == tenant))
-                .filter(|run| query.status.is_none_or(|status| run.status == status))
-                .cloned()
-                .collect();
-            records.sort_by_key(|run| std::cmp::Reverse(run.run_id));
-            records.truncate(query.limit);
-            records
-        })
+        let mut records: Vec<RunRecord> = self
+            .runs
+            .iter()
+            .map(|entry| entry.snapshot.run.clone())
+            .filter(|run| query.tenant.as_ref().is_none_or(|tenant| &run.tenant == tenant))
+            .filter(|run| query.status.is_none_or(|status| run.status == status))
+            .collect();
+        records.sort_by_key(|run| std::cmp::Reverse(run.run_id));
+        records.truncate(query.limit);
+        Ok(records)
     }
 
     async fn unfinished_runs(&self) -> Result<Vec<RunId>, StoreError> {
-        self.with_runs(|runs| {
-            let mut ids: Vec<RunId> = runs
-                .values()
-                .filter_map(|entry| entry.snapshot.as_ref())
-                .filter(|snapshot| !snapshot.run.status.is_terminal())
-                .map(|snapshot| snapshot.run.run_id)
-                .collect();
-            ids.sort();
-            ids
-        })
+        let mut ids: Vec<RunId> = self
+            .runs
+            .iter()
+            .filter(|entry| !entry.snapshot.run.status.is_terminal())
+            .map(|entry| *entry.key())
+            .collect();
+        ids.sort();
+        Ok(ids)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::EventKind;
+
+    fn record(run_id: RunId) -> RunRecord {
+        RunRecord {
+            run_id,
+            tenant: "t".into(),
+            parent_run_id: None,
+            agent: "a".into(),
+            input: "i".into(),
+            limits: Limits::default(),
+            status: RunStatus::Running,
+            reason: None,
+            turn: 0,
+            usage: Usage::default(),
+            final_output: None,
+            created_at: Utc::now(),
+            updated_at: Utc::now(),
+        }
+    }
+
+    fn event(run_id: RunId, seq: u64, kind: EventKind) -> RunEvent {
+        RunEvent { run_id, seq, ts: Utc::now(), parent_run_id: None, kind }
+    }
+
+    #[tokio::test]
+    async fn a_commit_with_a_seq_gap_is_refused_and_changes_nothing() {
+        let store = MemoryStore::new();
+        let run_id = RunId::new();
+        store.create_run(record(run_id), vec![event(run_id, 1, EventKind::TurnStart { turn: 1 })]).await.unwrap();
+        let gap = Commit {
+            run_id,
+            writes: vec![StoreWrite::FinalOutput("x".into())],
+            events: vec![event(run_id, 3, EventKind::TurnEnd { turn: 1 })],
+        };
+        assert_eq!(store.commit(&gap).await, Err(StoreError::SeqConflict { run_id, expected: 2, got: 3 }));
+        let snapshot = store.load(run_id).await.unwrap().unwrap();
+        assert_eq!((snapshot.last_seq, snapshot.run.final_output), (1, None));
+    }
+
+    #[tokio::test]
+    async fn an_ended_run_takes_no_more_commits() {
+        let store = MemoryStore::new();
+        let run_id = RunId::new();
+        store.create_run(record(run_id), vec![]).await.unwrap();
+        let end = |seq, status| Commit {
+            run_id,
+            writes: vec![StoreWrite::Status { status, reason: None }],
+            events: vec![event(run_id, seq, EventKind::RunEnd { status, reason: None })],
+        };
+        store.commit(&end(1, RunStatus::Cancelled)).await.unwrap();
+        assert_eq!(store.commit(&end(2, RunStatus::Succeeded)).await, Err(StoreError::Terminal(run_id)));
+        assert_eq!(store.events_after(run_id, 0, 10).await.unwrap().len(), 1);
+        assert!(store.unfinished_runs().await.unwrap().is_empty());
     }
 }
