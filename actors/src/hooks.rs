@@ -13,6 +13,7 @@
 //!    `ToolExecutionRecord`, metrics) happens after all hooks, for every call,
 //!    skipped ones included. It is not a hook, so no hook can switch it off.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
@@ -423,11 +424,12 @@ impl HookChain {
 
     /// Runs the before-hooks (rules 1-3).
     pub async fn before(&self, context: &HookContext<'_>, call: &ToolCall) -> Admission {
-        let mut current = call.clone();
+        // The call is copied only when a hook rewrites it.
+        let mut current = Cow::Borrowed(call);
         for hook in &self.hooks {
             match hook.before_call(context, &current).await {
                 BeforeCall::Run => {}
-                BeforeCall::Rewrite(args) => current.args = args,
+                BeforeCall::Rewrite(args) => current.to_mut().args = args,
                 BeforeCall::Skip { reason, detail } => {
                     return Admission::Skip(ToolOutcome::Skipped { reason, detail });
                 }
@@ -436,7 +438,7 @@ impl HookChain {
                 }
             }
         }
-        Admission::Run(current.args)
+        Admission::Run(current.into_owned().args)
     }
 
     /// Runs the after-hooks (rule 4).

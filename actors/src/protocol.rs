@@ -538,8 +538,8 @@ pub enum EventKind {
     },
     /// Telemetry of one call.
     ToolMetric {
-        /// The record.
-        record: ToolExecutionRecord,
+        /// The record (boxed: it is the largest payload, and events are moved often).
+        record: Box<ToolExecutionRecord>,
     },
     /// The plan changed.
     PlanUpdated {
@@ -550,8 +550,8 @@ pub enum EventKind {
     Review {
         /// The turn.
         turn: u32,
-        /// The verdict.
-        review: Review,
+        /// The verdict (boxed, like the tool metric record).
+        review: Box<Review>,
     },
     /// Tokens spent by one model call, and the run's totals.
     TokenUsage {

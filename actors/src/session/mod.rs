@@ -566,7 +566,7 @@ impl Session {
                 summary: format!("{} is blocked after {threshold} failures", call.name),
             });
         }
-        live.outbox.emit(EventKind::ToolMetric { record: record.clone() });
+        live.outbox.emit(EventKind::ToolMetric { record: Box::new(record.clone()) });
         live.outbox.write(StoreWrite::ToolExecution(record.clone()));
         if !new_documents.is_empty() {
             live.outbox.write(StoreWrite::Documents(new_documents));
@@ -791,7 +791,7 @@ impl Session {
                 Err(error) => warn!(run_id = %live.run.run_id, %error, "planner unreachable"),
             }
         }
-        live.outbox.emit(EventKind::Review { turn, review: review.clone() });
+        live.outbox.emit(EventKind::Review { turn, review: Box::new(review.clone()) });
         live.outbox.write(StoreWrite::Review { turn, review: review.clone() });
         self.append_message(live, turn, prompt::review_message(turn, &review));
         live.outbox.emit(EventKind::TurnEnd { turn });
