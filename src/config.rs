@@ -2,8 +2,12 @@
 //! it runs from any directory) overlaid with an optional user file. Unknown keys
 //! are errors. This module parses; only `main.rs` reads files.
 
+use std::collections::BTreeMap;
+
 use serde::Deserialize;
 use troupe_actors::config::{AgentConfig, RuntimeConfig};
+
+use crate::llm::{ModelConfig, ProviderConfig};
 
 /// The embedded defaults; every key is documented there.
 pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
@@ -17,6 +21,13 @@ pub const DEFAULT_AGENT_TOML: &str = include_str!("../config/agents/default.toml
 pub struct Config {
     /// The actor runtime.
     pub runtime: RuntimeConfig,
+    /// OpenAI-compatible providers by name.
+    pub providers: BTreeMap<String, ProviderConfig>,
+    /// Models by name; agents name them.
+    pub models: BTreeMap<String, ModelConfig>,
+    /// The model of agents that name none. Without it: the first configured model,
+    /// else the `TROUPE_MODEL` quick start, else the offline model.
+    pub default_model: Option<String>,
 }
 
 /// Why the configuration could not be used.

@@ -1,5 +1,5 @@
-//! `troupe demo`: one agent run in-process, on the built-in offline model and the
-//! in-memory store, with its events printed as they are committed.
+//! `troupe demo`: one agent run in-process, on the in-memory store, with its events
+//! printed as they are committed.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,7 +11,6 @@ use troupe_actors::protocol::{CallStatus, EventKind, RunEvent, RunStatus, TaskSt
 use troupe_actors::store::MemoryStore;
 use troupe_actors::{Deps, Runtime, SubmitRequest};
 
-use crate::llm::offline::OfflineModel;
 use crate::tools::builtin_registry;
 
 /// What to run and how to show it.
@@ -25,14 +24,14 @@ pub struct DemoArgs {
 }
 
 /// Runs the demo; returns the run's terminal status.
-pub async fn run(config: RuntimeConfig, agents: Vec<AgentConfig>, args: DemoArgs) -> anyhow::Result<RunStatus> {
-    let deps = Deps {
-        store: Arc::new(MemoryStore::new()),
-        models: ModelRegistry::new(Arc::new(OfflineModel)),
-        tools: builtin_registry()?,
-        hooks: Vec::new(),
-        agents,
-    };
+pub async fn run(
+    config: RuntimeConfig,
+    models: ModelRegistry,
+    agents: Vec<AgentConfig>,
+    args: DemoArgs,
+) -> anyhow::Result<RunStatus> {
+    let deps =
+        Deps { store: Arc::new(MemoryStore::new()), models, tools: builtin_registry()?, hooks: Vec::new(), agents };
     let runtime = Runtime::start(config, deps).await?;
     let run_id = runtime.submit(SubmitRequest::new(args.agent, args.question)).await?;
     let mut events = runtime.subscribe(run_id, 0);

@@ -3,11 +3,6 @@
 //! This is the only place that reads files and the environment: it loads the
 //! configuration, builds the adapters and hands them to `troupe_actors::Runtime`.
 
-mod config;
-mod demo;
-mod llm;
-mod tools;
-
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -16,7 +11,9 @@ use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 use troupe_actors::protocol::RunStatus;
 
-use crate::config::{Config, DEFAULT_AGENT_TOML, parse_agent};
+use troupe::config::{Config, DEFAULT_AGENT_TOML, parse_agent};
+use troupe::demo;
+use troupe::llm::{EnvModel, build_models};
 
 #[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
 #[global_allocator]
@@ -35,7 +32,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run one agent run in-process on the built-in offline model and print its events.
+    /// Run one agent run in-process and print its events: on the built-in offline
+    /// model, or on the default model when one is configured (or TROUPE_MODEL is set).
     Demo {
         /// The request.
         #[arg(default_value = "Count the words of this sentence and tell me which ones repeat: the cat saw the dog.")]
@@ -74,11 +72,22 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     };
     let config = Config::parse(overlay.as_ref().map(|(origin, text)| (origin.as_str(), text.as_str())))?;
     let agents = vec![parse_agent("config/agents/default.toml", DEFAULT_AGENT_TOML)?];
+    let env = EnvModel {
+        base_url: std::env::var("OPENAI_BASE_URL").ok(),
+        api_key: std::env::var("OPENAI_API_KEY").ok(),
+        model: std::env::var("TROUPE_MODEL").ok(),
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    // Providers build HTTP clients, which want a runtime around them.
+    let models = runtime.block_on(async {
+        build_models(&config.providers, &config.models, config.default_model.as_deref(), &env, |name| {
+            std::env::var(name).ok()
+        })
+    })?;
     match cli.command {
         Command::Demo { question, agent, json } => {
-            let status =
-                runtime.block_on(demo::run(config.runtime, agents, demo::DemoArgs { agent, question, json }))?;
+            let args = demo::DemoArgs { agent, question, json };
+            let status = runtime.block_on(demo::run(config.runtime, models, agents, args))?;
             Ok(if status == RunStatus::Succeeded { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
     }

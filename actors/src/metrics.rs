@@ -48,6 +48,13 @@ pub const ACTOR_RESTARTS_TOTAL: &str = "troupe_actor_restarts_total";
 /// Runs failed because their session crashed too often.
 pub const SUPERVISOR_MELTDOWNS_TOTAL: &str = "troupe_supervisor_meltdowns_total";
 
+/// Retries of model requests, by model and reason (`429`, `5xx`, `connect`, `timeout`).
+pub const MODEL_RETRIES_TOTAL: &str = "troupe_model_retries_total";
+/// OpenTelemetry GenAI: duration of a model call, streaming included, by model.
+pub const GEN_AI_CLIENT_OPERATION_DURATION_SECONDS: &str = "gen_ai_client_operation_duration_seconds";
+/// OpenTelemetry GenAI: tokens per model call, by model and token type (input, output).
+pub const GEN_AI_CLIENT_TOKEN_USAGE: &str = "gen_ai_client_token_usage";
+
 /// Buckets (seconds) for every duration histogram.
 pub const DURATION_BUCKETS: &[f64] =
     &[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0];
@@ -118,6 +125,20 @@ pub fn model_usage(model: &str, input_tokens: u64, output_tokens: u64, cost_usd:
     counter!(MODEL_TOKENS_TOTAL, "model" => model.to_owned(), "direction" => "input").increment(input_tokens);
     counter!(MODEL_TOKENS_TOTAL, "model" => model.to_owned(), "direction" => "output").increment(output_tokens);
     counter!(COST_MICRODOLLARS_TOTAL, "model" => model.to_owned()).increment((cost_usd * 1e6).round() as u64);
+}
+
+/// A model request is retried.
+pub fn model_retry(model: &str, reason: &'static str) {
+    counter!(MODEL_RETRIES_TOTAL, "model" => model.to_owned(), "reason" => reason).increment(1);
+}
+
+/// A model call ended (OpenTelemetry GenAI names).
+pub fn gen_ai_operation(model: &str, elapsed: Duration, input_tokens: u64, output_tokens: u64) {
+    histogram!(GEN_AI_CLIENT_OPERATION_DURATION_SECONDS, "model" => model.to_owned()).record(elapsed.as_secs_f64());
+    histogram!(GEN_AI_CLIENT_TOKEN_USAGE, "model" => model.to_owned(), "token_type" => "input")
+        .record(input_tokens as f64);
+    histogram!(GEN_AI_CLIENT_TOKEN_USAGE, "model" => model.to_owned(), "token_type" => "output")
+        .record(output_tokens as f64);
 }
 
 /// A review was made.

@@ -1,3 +1,248 @@
-//! Model clients of the `troupe` binary.
+//! Model clients of the `troupe` binary and the registry built from config: named
+//! OpenAI-compatible providers and models, a quick-start provider from the usual
+//! environment variables, and the offline model when nothing is configured.
 
 pub mod offline;
+pub mod openai;
+pub mod recover;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use troupe_actors::llm::{ModelClient, ModelRegistry};
+
+use crate::llm::offline::OfflineModel;
+use crate::llm::openai::{ModelSettings, OpenAiModel, Provider, ProviderSettings, RetryPolicy, Secret};
+
+/// An OpenAI-compatible provider, as configured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderConfig {
+    /// E.g. `https://api.openai.com/v1`.
+    pub base_url: String,
+    /// The environment variable that holds the API key (never the key itself).
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// Extra headers sent with every request.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Requests in flight at once.
+    #[serde(default = "defaults::max_concurrency")]
+    pub max_concurrency: usize,
+    /// Requests that may wait for a slot; more fail at once.
+    #[serde(default = "defaults::queue_limit")]
+    pub queue_limit: usize,
+    /// Seconds to connect.
+    #[serde(default = "defaults::connect_timeout")]
+    pub connect_timeout: f64,
+    /// Seconds until the response head.
+    #[serde(default = "defaults::first_byte_timeout")]
+    pub first_byte_timeout: f64,
+    /// Longest gap in seconds between two chunks of a response.
+    #[serde(default = "defaults::idle_timeout")]
+    pub idle_timeout: f64,
+    /// Attempts per request, the first included.
+    #[serde(default = "defaults::max_attempts")]
+    pub max_attempts: u32,
+    /// Seconds after which no retry starts.
+    #[serde(default = "defaults::max_retry_time")]
+    pub max_retry_time: f64,
+    /// Largest response accepted, in bytes.
+    #[serde(default = "defaults::max_body_bytes")]
+    pub max_body_bytes: usize,
+}
+
+/// A model, as configured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// The provider's name under `[providers]`.
+    pub provider: String,
+    /// The provider's model id.
+    pub id: String,
+    /// Stream replies.
+    #[serde(default = "defaults::stream")]
+    pub stream: bool,
+    /// USD per million input tokens.
+    #[serde(default)]
+    pub input_price_per_million: f64,
+    /// USD per million output tokens.
+    #[serde(default)]
+    pub output_price_per_million: f64,
+    /// The model's context window in tokens (informational for now).
+    #[serde(default)]
+    pub context_window: Option<u64>,
+}
+
+impl ProviderConfig {
+    /// A provider at `base_url` with every other setting at its default.
+    pub fn with_base_url(base_url: String) -> Self {
+        Self {
+            base_url,
+            api_key_env: None,
+            headers: BTreeMap::new(),
+            max_concurrency: defaults::max_concurrency(),
+            queue_limit: defaults::queue_limit(),
+            connect_timeout: defaults::connect_timeout(),
+            first_byte_timeout: defaults::first_byte_timeout(),
+            idle_timeout: defaults::idle_timeout(),
+            max_attempts: defaults::max_attempts(),
+            max_retry_time: defaults::max_retry_time(),
+            max_body_bytes: defaults::max_body_bytes(),
+        }
+    }
+}
+
+mod defaults {
+    pub fn max_concurrency() -> usize {
+        16
+    }
+    pub fn queue_limit() -> usize {
+        256
+    }
+    pub fn connect_timeout() -> f64 {
+        10.0
+    }
+    pub fn first_byte_timeout() -> f64 {
+        120.0
+    }
+    pub fn idle_timeout() -> f64 {
+        60.0
+    }
+    pub fn max_attempts() -> u32 {
+        4
+    }
+    pub fn max_retry_time() -> f64 {
+        120.0
+    }
+    pub fn max_body_bytes() -> usize {
+        8 << 20
+    }
+    pub fn stream() -> bool {
+        true
+    }
+}
+
+/// The quick-start provider from `OPENAI_BASE_URL`, `OPENAI_API_KEY` and
+/// `TROUPE_MODEL`, read by `main`.
+#[derive(Debug, Clone, Default)]
+pub struct EnvModel {
+    /// `OPENAI_BASE_URL` (default `https://api.openai.com/v1`).
+    pub base_url: Option<String>,
+    /// `OPENAI_API_KEY`.
+    pub api_key: Option<String>,
+    /// `TROUPE_MODEL`: the model id.
+    pub model: Option<String>,
+}
+
+/// Why the models could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelsError {
+    /// A model names a provider that is not configured.
+    #[error("model {model} names unknown provider {provider}")]
+    UnknownProvider {
+        /// The model.
+        model: String,
+        /// The provider it names.
+        provider: String,
+    },
+    /// A setting is out of range.
+    #[error("provider {provider}: {message}")]
+    Invalid {
+        /// The provider.
+        provider: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// `default_model` names no model.
+    #[error("default_model {0} is not a configured model")]
+    UnknownDefault(String),
+}
+
+/// The models of `config`, keyed by name, with the default. `api_key` reads the
+/// environment variable a provider names (main passes `std::env::var`).
+pub fn build_models(
+    providers: &BTreeMap<String, ProviderConfig>,
+    models: &BTreeMap<String, ModelConfig>,
+    default_model: Option<&str>,
+    env: &EnvModel,
+    api_key: impl Fn(&str) -> Option<String>,
+) -> Result<ModelRegistry, ModelsError> {
+    let mut built: BTreeMap<String, Arc<dyn ModelClient>> = BTreeMap::new();
+    let mut clients = BTreeMap::new();
+    for (name, provider) in providers {
+        let key = provider.api_key_env.as_deref().and_then(&api_key);
+        clients.insert(name.clone(), build_provider(name, provider, key)?);
+    }
+    for (name, model) in models {
+        let provider = clients
+            .get(&model.provider)
+            .ok_or_else(|| ModelsError::UnknownProvider { model: name.clone(), provider: model.provider.clone() })?;
+        built.insert(name.clone(), Arc::new(OpenAiModel::new(provider.clone(), settings(name, model))));
+    }
+    if let Some(id) = &env.model {
+        let base_url = env.base_url.clone().unwrap_or_else(|| "https://api.openai.com/v1".to_owned());
+        let provider = ProviderConfig::with_base_url(base_url);
+        let client = build_provider("env", &provider, env.api_key.clone())?;
+        let model = ModelConfig {
+            provider: "env".into(),
+            id: id.clone(),
+            stream: true,
+            input_price_per_million: 0.0,
+            output_price_per_million: 0.0,
+            context_window: None,
+        };
+        built.entry("env".to_owned()).or_insert_with(|| Arc::new(OpenAiModel::new(client, settings("env", &model))));
+    }
+    let default: Arc<dyn ModelClient> = match default_model {
+        Some(name) => built.get(name).cloned().ok_or_else(|| ModelsError::UnknownDefault(name.to_owned()))?,
+        None if env.model.is_some() => built.get("env").cloned().unwrap_or_else(|| Arc::new(OfflineModel)),
+        None => built.values().next().cloned().unwrap_or_else(|| Arc::new(OfflineModel)),
+    };
+    let mut registry = ModelRegistry::new(default).with("offline", Arc::new(OfflineModel));
+    for (name, model) in built {
+        registry = registry.with(name, model);
+    }
+    Ok(registry)
+}
+
+fn settings(name: &str, model: &ModelConfig) -> ModelSettings {
+    ModelSettings {
+        name: name.to_owned(),
+        id: model.id.clone(),
+        stream: model.stream,
+        input_price_per_million: model.input_price_per_million,
+        output_price_per_million: model.output_price_per_million,
+    }
+}
+
+fn build_provider(name: &str, config: &ProviderConfig, api_key: Option<String>) -> Result<Arc<Provider>, ModelsError> {
+    let invalid = |message: String| ModelsError::Invalid { provider: name.to_owned(), message };
+    let seconds = |what: &str, value: f64| {
+        Duration::try_from_secs_f64(value)
+            .ok()
+            .filter(|duration| !duration.is_zero())
+            .ok_or_else(|| invalid(format!("{what} must be a positive number of seconds")))
+    };
+    let settings = ProviderSettings {
+        name: name.to_owned(),
+        base_url: config.base_url.clone(),
+        api_key: api_key.and_then(Secret::new),
+        headers: config.headers.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        connect_timeout: seconds("connect_timeout", config.connect_timeout)?,
+        first_byte_timeout: seconds("first_byte_timeout", config.first_byte_timeout)?,
+        idle_timeout: seconds("idle_timeout", config.idle_timeout)?,
+        max_concurrency: config.max_concurrency.max(1),
+        queue_limit: config.queue_limit,
+        max_body_bytes: config.max_body_bytes,
+        retry: RetryPolicy {
+            max_attempts: config.max_attempts.max(1),
+            base: Duration::from_millis(500),
+            cap: Duration::from_secs(20),
+            max_total: seconds("max_retry_time", config.max_retry_time)?,
+        },
+    };
+    Provider::new(settings).map_err(|error| invalid(error.to_string()))
+}

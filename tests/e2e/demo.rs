@@ -59,3 +59,34 @@ fn a_config_file_with_an_unknown_key_is_refused_with_a_clear_error() {
     assert!(stderr.contains("bad.toml") && stderr.contains("max_active_run"), "{stderr}");
     assert!(output.stdout.is_empty(), "nothing ran");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_quick_start_environment_reaches_a_real_provider_and_never_leaks_its_key() {
+    use troupe::testing::fake_openai::{FakeOpenAi, FakeReply};
+    let canary = "sk-CANARY-e2e-81c3";
+    // The provider rejects the key and echoes it back, as a careless server might.
+    let echo = FakeReply::Status { status: 401, retry_after: None, body: "{\"error\": \"bad key: {auth}\"}".into() };
+    let server = FakeOpenAi::start(Vec::new(), Some(echo)).await.unwrap();
+    let base_url = server.base_url();
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_troupe"))
+            .args(["demo", "--json", "hello"])
+            .env("OPENAI_BASE_URL", base_url)
+            .env("OPENAI_API_KEY", canary)
+            .env("TROUPE_MODEL", "gpt-fake")
+            .env("TROUPE_LOG", "debug")
+            .env_remove("TROUPE_CONFIG")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+
+    assert_eq!(output.status.code(), Some(1), "the run failed");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stdout.contains("model returned status 401"), "{stdout}");
+    assert!(!stdout.contains(canary) && !stderr.contains(canary), "the key leaked:\n{stdout}\n{stderr}");
+    assert_eq!(server.requests().len(), 1, "a 401 is not retried");
+    assert_eq!(server.requests()[0].authorization.as_deref(), Some(format!("Bearer {canary}").as_str()));
+}

@@ -1,0 +1,36 @@
+//! `fake-openai`: the fake OpenAI-compatible server as a process, for benchmarks
+//! and manual runs. Every request gets the same streamed text reply.
+//!
+//! `fake-openai [--port 8089] [--text "..."] [--delay-ms 0]`
+
+use std::net::SocketAddr;
+
+use troupe::testing::fake_openai::{FakeOpenAi, FakeReply, text_stream};
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> std::io::Result<()> {
+    let mut port = 8089u16;
+    let mut text = "This is the fake model's answer.".to_owned();
+    let mut delay_ms = 0u64;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let value = args.next().unwrap_or_default();
+        match arg.as_str() {
+            "--port" => port = value.parse().unwrap_or(port),
+            "--text" => text = value,
+            "--delay-ms" => delay_ms = value.parse().unwrap_or(0),
+            other => {
+                eprintln!("fake-openai: unknown option {other}; options: --port, --text, --delay-ms");
+                std::process::exit(2);
+            }
+        }
+    }
+    let reply = match text_stream(&text, 4) {
+        FakeReply::Stream { chunks, done, .. } => FakeReply::Stream { chunks, delay_ms, done },
+        other => other,
+    };
+    let server = FakeOpenAi::start_on(SocketAddr::from(([127, 0, 0, 1], port)), Vec::new(), Some(reply)).await?;
+    println!("fake-openai serving {}", server.base_url());
+    server.serve_forever().await;
+    Ok(())
+}

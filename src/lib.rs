@@ -1,0 +1,9 @@
+//! `troupe`: the binary's library side: configuration, model clients, built-in
+//! tools, the demo, and test support (a fake OpenAI-compatible server). The
+//! runtime core is the `troupe-actors` crate.
+
+pub mod config;
+pub mod demo;
+pub mod llm;
+pub mod testing;
+pub mod tools;

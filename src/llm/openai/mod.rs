@@ -1,0 +1,374 @@
+//! An OpenAI-compatible Chat Completions client (OpenAI, vLLM, Ollama, llama.cpp's
+//! server, LM Studio, LiteLLM…), hand-rolled on reqwest so vendor fields survive.
+//!
+//! Per provider: one connection pool, a concurrency limit with a bounded wait
+//! queue (beyond it: `ModelError::Overloaded`), and the retry policy. Timeouts:
+//! connect, first byte (until the response head), and idle (between two body
+//! chunks). Dropping the stream (a cancelled run) closes the connection. The API
+//! key is kept in a [`Secret`] and scrubbed from every error message.
+
+mod retry;
+pub mod wire;
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::stream::{self, BoxStream, StreamExt};
+use serde_json::Value;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use troupe_actors::llm::{ChatRequest, ModelChunk, ModelClient, ModelError, ModelStream};
+use troupe_actors::metrics;
+
+pub use retry::{Attempt, RetryPolicy, parse_retry_after, with_retries};
+
+use wire::Accumulator;
+
+/// An API key. Its `Debug` shows nothing, and it is never formatted into text.
+#[derive(Clone, PartialEq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a key; an empty one is no key.
+    pub fn new(key: String) -> Option<Self> {
+        (!key.trim().is_empty()).then_some(Self(key))
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+/// How to reach one provider.
+#[derive(Debug, Clone)]
+pub struct ProviderSettings {
+    /// Its name in config.
+    pub name: String,
+    /// E.g. `https://api.openai.com/v1`; `/chat/completions` is appended.
+    pub base_url: String,
+    /// The bearer key, if the provider wants one.
+    pub api_key: Option<Secret>,
+    /// Extra headers sent with every request.
+    pub headers: Vec<(String, String)>,
+    /// Time to establish a connection.
+    pub connect_timeout: Duration,
+    /// Time until the response head arrives.
+    pub first_byte_timeout: Duration,
+    /// Longest gap between two chunks of a response body.
+    pub idle_timeout: Duration,
+    /// Requests in flight at once.
+    pub max_concurrency: usize,
+    /// Requests that may wait for a slot; more fail with `Overloaded`.
+    pub queue_limit: usize,
+    /// Largest response body accepted, in bytes.
+    pub max_body_bytes: usize,
+    /// Retries.
+    pub retry: RetryPolicy,
+}
+
+/// A provider: settings plus its shared pool and limits.
+pub struct Provider {
+    settings: ProviderSettings,
+    http: reqwest::Client,
+    slots: Arc<Semaphore>,
+    waiting: AtomicUsize,
+}
+
+impl Provider {
+    /// Builds the provider's HTTP client.
+    pub fn new(settings: ProviderSettings) -> Result<Arc<Self>, ModelError> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(settings.connect_timeout)
+            .pool_max_idle_per_host(settings.max_concurrency)
+            .build()
+            .map_err(|error| ModelError::Transport(format!("cannot build the HTTP client: {error}")))?;
+        let slots = Arc::new(Semaphore::new(settings.max_concurrency.max(1)));
+        Ok(Arc::new(Self { settings, http, slots, waiting: AtomicUsize::new(0) }))
+    }
+
+    /// A concurrency slot, waiting in the bounded queue if need be.
+    async fn admit(&self) -> Result<OwnedSemaphorePermit, ModelError> {
+        if let Ok(permit) = self.slots.clone().try_acquire_owned() {
+            return Ok(permit);
+        }
+        if self.waiting.fetch_add(1, Ordering::SeqCst) >= self.settings.queue_limit {
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+            return Err(ModelError::Overloaded(format!(
+                "provider {}: {} requests in flight and {} waiting",
+                self.settings.name, self.settings.max_concurrency, self.settings.queue_limit
+            )));
+        }
+        let permit = self.slots.clone().acquire_owned().await;
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        permit.map_err(|_| ModelError::Overloaded("the provider is shutting down".to_owned()))
+    }
+
+    /// Removes the key from text that may echo it (an error body, say).
+    fn scrub(&self, text: &str) -> String {
+        let mut text = text.to_owned();
+        if let Some(Secret(key)) = &self.settings.api_key {
+            text = text.replace(key.as_str(), "***");
+        }
+        match text.char_indices().nth(500) {
+            Some((cut, _)) => format!("{}…", &text[..cut]),
+            None => text,
+        }
+    }
+}
+
+/// One model of a provider.
+#[derive(Debug, Clone)]
+pub struct ModelSettings {
+    /// The name agents use.
+    pub name: String,
+    /// The provider's model id.
+    pub id: String,
+    /// Stream the reply (`stream: true`), or ask for one JSON body.
+    pub stream: bool,
+    /// USD per million input tokens.
+    pub input_price_per_million: f64,
+    /// USD per million output tokens.
+    pub output_price_per_million: f64,
+}
+
+/// A model behind an OpenAI-compatible provider.
+pub struct OpenAiModel {
+    provider: Arc<Provider>,
+    settings: ModelSettings,
+}
+
+impl OpenAiModel {
+    /// The model `settings` of `provider`.
+    pub fn new(provider: Arc<Provider>, settings: ModelSettings) -> Self {
+        Self { provider, settings }
+    }
+
+    /// One attempt at sending `body`, classified for the retry loop.
+    async fn send(&self, body: &Value) -> Attempt<reqwest::Response> {
+        let settings = &self.provider.settings;
+        let url = format!("{}/chat/completions", settings.base_url.trim_end_matches('/'));
+        let mut request = self.provider.http.post(url).json(body);
+        for (name, value) in &settings.headers {
+            request = request.header(name, value);
+        }
+        if let Some(Secret(key)) = &settings.api_key {
+            request = request.bearer_auth(key);
+        }
+        let response = match tokio::time::timeout(settings.first_byte_timeout, request.send()).await {
+            Err(_) => {
+                metrics::model_retry(&self.settings.name, "timeout");
+                return Attempt::Retry { error: ModelError::Timeout(settings.first_byte_timeout), after: None };
+            }
+            Ok(Err(error)) => {
+                let retriable = error.is_connect() || error.is_timeout() || error.is_request();
+                let error = ModelError::Transport(self.provider.scrub(&error.without_url().to_string()));
+                if retriable {
+                    metrics::model_retry(&self.settings.name, "connect");
+                    return Attempt::Retry { error, after: None };
+                }
+                return Attempt::Fail(error);
+            }
+            Ok(Ok(response)) => response,
+        };
+        let status = response.status().as_u16();
+        if response.status().is_success() {
+            return Attempt::Done(response);
+        }
+        let after = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| parse_retry_after(value, chrono::Utc::now()));
+        let text = read_limited(response, 64 * 1024, settings.idle_timeout).await.unwrap_or_default();
+        let text = String::from_utf8_lossy(&text);
+        let error = ModelError::Status { status, message: self.provider.scrub(text.trim()) };
+        let quota = text.contains("insufficient_quota") || text.contains("quota_exceeded");
+        match status {
+            429 if !quota => {
+                metrics::model_retry(&self.settings.name, "429");
+                Attempt::Retry { error, after }
+            }
+            500..=599 => {
+                metrics::model_retry(&self.settings.name, "5xx");
+                Attempt::Retry { error, after }
+            }
+            _ => Attempt::Fail(error),
+        }
+    }
+}
+
+#[async_trait]
+impl ModelClient for OpenAiModel {
+    fn name(&self) -> &str {
+        &self.settings.name
+    }
+
+    async fn chat(&self, request: ChatRequest) -> Result<ModelStream, ModelError> {
+        let started = Instant::now();
+        let permit = self.provider.admit().await?;
+        let body = wire::request_body(&request, &self.settings.id, self.settings.stream);
+        let response = with_retries(&self.provider.settings.retry, |_| self.send(&body), |_, _| {}).await?;
+        let reading = Reading {
+            body: response.bytes_stream().boxed(),
+            buffer: Vec::new(),
+            received: 0,
+            accumulator: Accumulator::default(),
+            pending: VecDeque::new(),
+            offered: request.tools.iter().map(|tool| tool.name.clone()).collect(),
+            stream: self.settings.stream,
+            provider: self.provider.clone(),
+            model: self.settings.clone(),
+            started,
+            ended: false,
+            _permit: permit,
+        };
+        Ok(Box::pin(stream::unfold(reading, |mut reading| async move {
+            let item = reading.next().await?;
+            Some((item, reading))
+        })))
+    }
+}
+
+/// A response body being read into chunks; holds the concurrency slot until done.
+struct Reading {
+    body: BoxStream<'static, reqwest::Result<Bytes>>,
+    buffer: Vec<u8>,
+    received: usize,
+    accumulator: Accumulator,
+    pending: VecDeque<ModelChunk>,
+    offered: Vec<String>,
+    stream: bool,
+    provider: Arc<Provider>,
+    model: ModelSettings,
+    started: Instant,
+    ended: bool,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Reading {
+    async fn next(&mut self) -> Option<Result<ModelChunk, ModelError>> {
+        loop {
+            if let Some(chunk) = self.pending.pop_front() {
+                return Some(Ok(chunk));
+            }
+            if self.ended {
+                return None;
+            }
+            let settings = &self.provider.settings;
+            let piece = match tokio::time::timeout(settings.idle_timeout, self.body.next()).await {
+                Err(_) => return self.fail(ModelError::Timeout(settings.idle_timeout)),
+                Ok(Some(Err(error))) => {
+                    return self.fail(ModelError::Transport(self.provider.scrub(&error.without_url().to_string())));
+                }
+                Ok(Some(Ok(piece))) => piece,
+                Ok(None) => return self.end_of_body(),
+            };
+            self.received += piece.len();
+            // Carriage returns only end lines in an event stream (JSON escapes its
+            // own); dropping them leaves one event separator: a blank line.
+            let piece: Vec<u8> =
+                if self.stream { piece.iter().copied().filter(|b| *b != b'\r').collect() } else { piece.to_vec() };
+            if self.received > settings.max_body_bytes {
+                let limit = settings.max_body_bytes;
+                return self.fail(ModelError::Decode(format!("the response is larger than {limit} bytes")));
+            }
+            self.buffer.extend_from_slice(&piece);
+            if self.stream
+                && let Err(error) = self.take_events()
+            {
+                return self.fail(error);
+            }
+        }
+    }
+
+    /// Folds the complete events of the buffer in.
+    fn take_events(&mut self) -> Result<(), ModelError> {
+        let Some(end) = self.buffer.windows(2).rposition(|pair| pair == b"\n\n") else { return Ok(()) };
+        let complete: Vec<u8> = self.buffer.drain(..end + 2).collect();
+        let mut text = String::from_utf8_lossy(&complete).into_owned();
+        for payload in wire::drain_events(&mut text) {
+            if payload.trim() == "[DONE]" {
+                self.finish();
+                return Ok(());
+            }
+            let chunk: Value = serde_json::from_str(&payload)
+                .map_err(|error| ModelError::Decode(format!("a stream chunk is not JSON: {error}")))?;
+            if let Some(error) = chunk.get("error") {
+                return Err(ModelError::Decode(format!(
+                    "the provider reported: {}",
+                    self.provider.scrub(&error.to_string())
+                )));
+            }
+            for delta in self.accumulator.push_chunk(&chunk) {
+                self.pending.push_back(ModelChunk::Delta(delta));
+            }
+        }
+        Ok(())
+    }
+
+    fn end_of_body(&mut self) -> Option<Result<ModelChunk, ModelError>> {
+        if !self.stream {
+            let response: Value = match serde_json::from_slice(&self.buffer) {
+                Ok(response) => response,
+                Err(error) => return self.fail(ModelError::Decode(format!("the response is not JSON: {error}"))),
+            };
+            self.accumulator.push_response(&response);
+            if !self.accumulator.finished {
+                return self.fail(ModelError::Decode("the response has no choices".to_owned()));
+            }
+        } else if !self.accumulator.finished {
+            // The body ended before `[DONE]` and before any finish reason: a
+            // truncated stream. Nothing of it is used.
+            return self.fail(ModelError::Incomplete);
+        }
+        self.finish();
+        self.next_pending()
+    }
+
+    fn next_pending(&mut self) -> Option<Result<ModelChunk, ModelError>> {
+        self.pending.pop_front().map(Ok)
+    }
+
+    fn finish(&mut self) {
+        if self.ended {
+            return;
+        }
+        self.ended = true;
+        let accumulator = std::mem::take(&mut self.accumulator);
+        let prices = (self.model.input_price_per_million, self.model.output_price_per_million);
+        let reply = accumulator.finish(&self.offered, prices, "call");
+        metrics::gen_ai_operation(
+            &self.model.name,
+            self.started.elapsed(),
+            reply.usage.input_tokens,
+            reply.usage.output_tokens,
+        );
+        self.pending.push_back(ModelChunk::Done(reply));
+    }
+
+    fn fail(&mut self, error: ModelError) -> Option<Result<ModelChunk, ModelError>> {
+        self.ended = true;
+        self.pending.clear();
+        Some(Err(error))
+    }
+}
+
+/// At most `limit` bytes of a body, each chunk within `idle`.
+async fn read_limited(response: reqwest::Response, limit: usize, idle: Duration) -> Option<Vec<u8>> {
+    let mut body = response.bytes_stream();
+    let mut bytes = Vec::new();
+    while let Ok(Some(Ok(piece))) = tokio::time::timeout(idle, body.next()).await {
+        bytes.extend_from_slice(&piece);
+        if bytes.len() >= limit {
+            bytes.truncate(limit);
+            break;
+        }
+    }
+    Some(bytes)
+}

@@ -1,0 +1,261 @@
+//! The Chat Completions wire format: the request body, and the assembly of a reply
+//! from streamed chunks (or one JSON body). Vendor fields the core cares about
+//! (`reasoning_content`, `reasoning`) are kept; tool calls whose id, name and
+//! argument fragments arrive split across chunks are assembled by index.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value, json};
+use troupe_actors::llm::{ChatRequest, Message, ModelDelta, ModelReply, Role, ToolChoice};
+use troupe_actors::protocol::{ToolCall, Usage};
+
+use crate::llm::recover;
+
+/// The JSON body of a request.
+pub fn request_body(request: &ChatRequest, model: &str, stream: bool) -> Value {
+    let messages: Vec<Value> = request.messages.iter().map(message).collect();
+    let mut body = Map::new();
+    body.insert("model".into(), json!(model));
+    body.insert("messages".into(), Value::Array(messages));
+    if !request.tools.is_empty() {
+        let tools: Vec<Value> = request
+            .tools
+            .iter()
+            .map(|tool| {
+                json!({"type": "function", "function": {
+                    "name": tool.name, "description": tool.description, "parameters": tool.parameters
+                }})
+            })
+            .collect();
+        body.insert("tools".into(), Value::Array(tools));
+        let choice = match request.tool_choice {
+            ToolChoice::Auto => "auto",
+            ToolChoice::None => "none",
+        };
+        body.insert("tool_choice".into(), json!(choice));
+    }
+    if let Some(temperature) = request.temperature {
+        body.insert("temperature".into(), json!(temperature));
+    }
+    if let Some(max_tokens) = request.max_tokens {
+        body.insert("max_tokens".into(), json!(max_tokens));
+    }
+    if stream {
+        body.insert("stream".into(), json!(true));
+        body.insert("stream_options".into(), json!({"include_usage": true}));
+    }
+    Value::Object(body)
+}
+
+fn message(message: &Message) -> Value {
+    let role = match message.role {
+        Role::System => "system",
+        Role::User => "user",
+        Role::Assistant => "assistant",
+        Role::Tool => "tool",
+    };
+    let mut value = json!({"role": role, "content": message.content});
+    if !message.tool_calls.is_empty() {
+        let calls: Vec<Value> = message
+            .tool_calls
+            .iter()
+            .map(|call| {
+                let arguments = match &call.args {
+                    Value::String(text) => text.clone(),
+                    other => other.to_string(),
+                };
+                json!({"id": call.call_id, "type": "function", "function": {"name": call.name, "arguments": arguments}})
+            })
+            .collect();
+        value["tool_calls"] = Value::Array(calls);
+        if message.content.is_empty() {
+            value["content"] = Value::Null;
+        }
+    }
+    if let Some(call_id) = &message.tool_call_id {
+        value["tool_call_id"] = json!(call_id);
+    }
+    value
+}
+
+#[derive(Debug, Default)]
+struct PartialCall {
+    id: String,
+    name: String,
+    arguments: String,
+}
+
+/// A reply being assembled from chunks.
+#[derive(Debug, Default)]
+pub struct Accumulator {
+    content: String,
+    calls: BTreeMap<u64, PartialCall>,
+    usage: Option<(u64, u64)>,
+    /// Whether a chunk carried a `finish_reason`.
+    pub finished: bool,
+}
+
+impl Accumulator {
+    /// Folds one streamed chunk in; returns the deltas to show as they come.
+    pub fn push_chunk(&mut self, chunk: &Value) -> Vec<ModelDelta> {
+        let mut deltas = Vec::new();
+        if let Some(usage) = chunk.get("usage").filter(|usage| !usage.is_null()) {
+            self.usage = Some(read_usage(usage));
+        }
+        for choice in chunk.get("choices").and_then(Value::as_array).into_iter().flatten() {
+            if choice.get("finish_reason").is_some_and(|reason| !reason.is_null()) {
+                self.finished = true;
+            }
+            let Some(delta) = choice.get("delta") else { continue };
+            if let Some(text) = delta.get("content").and_then(Value::as_str).filter(|t| !t.is_empty()) {
+                self.content.push_str(text);
+                deltas.push(ModelDelta::Text(text.to_owned()));
+            }
+            for key in ["reasoning_content", "reasoning"] {
+                if let Some(text) = delta.get(key).and_then(Value::as_str).filter(|t| !t.is_empty()) {
+                    deltas.push(ModelDelta::Reasoning(text.to_owned()));
+                }
+            }
+            for call in delta.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
+                let index = call.get("index").and_then(Value::as_u64).unwrap_or(self.calls.len() as u64);
+                let partial = self.calls.entry(index).or_default();
+                if let Some(id) = call.get("id").and_then(Value::as_str) {
+                    partial.id.push_str(id);
+                }
+                if let Some(function) = call.get("function") {
+                    if let Some(name) = function.get("name").and_then(Value::as_str) {
+                        partial.name.push_str(name);
+                    }
+                    if let Some(arguments) = function.get("arguments").and_then(Value::as_str) {
+                        partial.arguments.push_str(arguments);
+                    }
+                }
+            }
+        }
+        deltas
+    }
+
+    /// Folds a whole non-streamed response in.
+    pub fn push_response(&mut self, response: &Value) {
+        if let Some(usage) = response.get("usage").filter(|usage| !usage.is_null()) {
+            self.usage = Some(read_usage(usage));
+        }
+        let Some(choice) = response.get("choices").and_then(Value::as_array).and_then(|c| c.first()) else { return };
+        self.finished = true;
+        let Some(message) = choice.get("message") else { return };
+        if let Some(text) = message.get("content").and_then(Value::as_str) {
+            self.content.push_str(text);
+        }
+        for (index, call) in message.get("tool_calls").and_then(Value::as_array).into_iter().flatten().enumerate() {
+            let function = call.get("function");
+            let text = |key: &str| function.and_then(|f| f.get(key)).and_then(Value::as_str).unwrap_or_default();
+            let arguments = match function.and_then(|f| f.get("arguments")) {
+                Some(Value::String(text)) => text.clone(),
+                Some(other) => other.to_string(),
+                None => String::new(),
+            };
+            let id = call.get("id").and_then(Value::as_str).unwrap_or_default().to_owned();
+            self.calls.insert(index as u64, PartialCall { id, name: text("name").to_owned(), arguments });
+        }
+    }
+
+    /// The reply: tool calls decoded (or recovered from the text), usage priced.
+    pub fn finish(self, offered: &[String], prices: (f64, f64), id_prefix: &str) -> ModelReply {
+        let mut decode_errors = Vec::new();
+        let mut tool_calls: Vec<ToolCall> = self
+            .calls
+            .into_iter()
+            .map(|(index, partial)| {
+                let call_id = if partial.id.is_empty() { format!("{id_prefix}_{index}") } else { partial.id };
+                let args = if partial.arguments.trim().is_empty() {
+                    Value::Object(Map::new())
+                } else {
+                    match serde_json::from_str::<Value>(&partial.arguments) {
+                        Ok(value) => value,
+                        Err(error) => {
+                            decode_errors.push(format!(
+                                "call {call_id} ({}): arguments are not valid JSON: {error}",
+                                partial.name
+                            ));
+                            Value::String(partial.arguments)
+                        }
+                    }
+                };
+                ToolCall { call_id, name: partial.name, args }
+            })
+            .collect();
+        let mut content = self.content;
+        if tool_calls.is_empty() && !content.is_empty() {
+            let found = recover::recover(&content, offered, id_prefix);
+            if !found.calls.is_empty() {
+                tool_calls = found.calls;
+                content = found.text;
+                decode_errors.extend(found.decode_errors);
+            }
+        }
+        let (input_tokens, output_tokens) = self.usage.unwrap_or((0, 0));
+        let cost_usd = (input_tokens as f64 * prices.0 + output_tokens as f64 * prices.1) / 1e6;
+        ModelReply { content, tool_calls, usage: Usage { input_tokens, output_tokens, cost_usd }, decode_errors }
+    }
+}
+
+fn read_usage(usage: &Value) -> (u64, u64) {
+    let count = |key: &str| usage.get(key).and_then(Value::as_u64).unwrap_or(0);
+    (count("prompt_tokens"), count("completion_tokens"))
+}
+
+/// Splits a `text/event-stream` buffer into complete events' `data` payloads,
+/// leaving an incomplete tail in `buffer`.
+pub fn drain_events(buffer: &mut String) -> Vec<String> {
+    let mut payloads = Vec::new();
+    loop {
+        let boundary =
+            buffer.find("\n\n").map(|at| (at, 2)).into_iter().chain(buffer.find("\r\n\r\n").map(|at| (at, 4))).min();
+        let Some((at, width)) = boundary else { break };
+        let event: String = buffer.drain(..at + width).collect();
+        let data: Vec<&str> = event
+            .lines()
+            .filter_map(|line| line.strip_prefix("data:"))
+            .map(|data| data.strip_prefix(' ').unwrap_or(data))
+            .collect();
+        if !data.is_empty() {
+            payloads.push(data.join("\n"));
+        }
+    }
+    payloads
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_tool_calls_are_assembled_by_index() {
+        let mut accumulator = Accumulator::default();
+        let chunks = [
+            json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "call_a", "function": {"name": "sea", "arguments": ""}}]}}]}),
+            json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"name": "rch", "arguments": "{\"q\":"}}]}}]}),
+            json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 1, "id": "call_b", "function": {"name": "echo", "arguments": "{}"}}]}}]}),
+            json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": " \"x\"}"}}]}, "finish_reason": "tool_calls"}]}),
+            json!({"choices": [], "usage": {"prompt_tokens": 1000000, "completion_tokens": 500000}}),
+        ];
+        for chunk in &chunks {
+            accumulator.push_chunk(chunk);
+        }
+        assert!(accumulator.finished);
+        let reply = accumulator.finish(&[], (2.0, 8.0), "c");
+        assert_eq!(reply.tool_calls.len(), 2);
+        assert_eq!(
+            reply.tool_calls[0],
+            ToolCall { call_id: "call_a".into(), name: "search".into(), args: json!({"q": "x"}) }
+        );
+        assert_eq!(reply.usage.cost_usd, 6.0);
+    }
+
+    #[test]
+    fn events_are_split_on_blank_lines_and_partial_tails_wait() {
+        let mut buffer = "data: {\"a\":1}\n\n: comment\n\ndata: [DONE]\r\n\r\ndata: {\"b\"".to_owned();
+        assert_eq!(drain_events(&mut buffer), vec!["{\"a\":1}".to_owned(), "[DONE]".to_owned()]);
+        assert_eq!(buffer, "data: {\"b\"");
+    }
+}

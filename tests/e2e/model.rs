@@ -1,0 +1,345 @@
+//! The OpenAI-compatible client against the fake server: streaming, tool calls,
+//! retries, timeouts, bad bodies, secrets, and whole runs.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use serde_json::{Value, json};
+use troupe::llm::openai::{ModelSettings, OpenAiModel, Provider, ProviderSettings, RetryPolicy, Secret};
+use troupe::testing::fake_openai::{FakeOpenAi, FakeReply, text_stream, tool_call_stream, usage_chunk};
+use troupe_actors::config::{AgentConfig, RuntimeConfig};
+use troupe_actors::llm::{
+    ChatRequest, Message, ModelChunk, ModelClient, ModelDelta, ModelError, ModelRegistry, ModelReply, Role, ToolChoice,
+};
+use troupe_actors::protocol::{EventKind, RunEvent, RunStatus};
+use troupe_actors::store::MemoryStore;
+use troupe_actors::testing::EchoTool;
+use troupe_actors::tool::ToolRegistry;
+use troupe_actors::{Deps, Runtime, SubmitRequest};
+
+const CANARY: &str = "sk-CANARY-5f1d2c9a7b";
+
+fn provider_settings(server: &FakeOpenAi) -> ProviderSettings {
+    ProviderSettings {
+        name: "fake".into(),
+        base_url: server.base_url(),
+        api_key: Secret::new(CANARY.into()),
+        headers: vec![("x-team".into(), "troupe".into())],
+        connect_timeout: Duration::from_secs(5),
+        first_byte_timeout: Duration::from_secs(10),
+        idle_timeout: Duration::from_secs(10),
+        max_concurrency: 4,
+        queue_limit: 8,
+        max_body_bytes: 1 << 20,
+        retry: RetryPolicy {
+            max_attempts: 3,
+            base: Duration::from_millis(10),
+            cap: Duration::from_millis(50),
+            max_total: Duration::from_secs(30),
+        },
+    }
+}
+
+fn model_with(server: &FakeOpenAi, tweak: impl FnOnce(&mut ProviderSettings)) -> OpenAiModel {
+    let mut settings = provider_settings(server);
+    tweak(&mut settings);
+    let model = ModelSettings {
+        name: "fake-model".into(),
+        id: "gpt-fake".into(),
+        stream: true,
+        input_price_per_million: 1.0,
+        output_price_per_million: 2.0,
+    };
+    OpenAiModel::new(Provider::new(settings).unwrap(), model)
+}
+
+fn request() -> ChatRequest {
+    ChatRequest {
+        messages: vec![Message::text(Role::System, "be brief"), Message::text(Role::User, "hello")],
+        tools: Vec::new(),
+        tool_choice: ToolChoice::Auto,
+        max_tokens: Some(100),
+        temperature: Some(0.2),
+    }
+}
+
+/// The deltas and the final reply (or the error) of one call.
+async fn call(model: &OpenAiModel) -> (Vec<ModelDelta>, Result<ModelReply, ModelError>) {
+    let mut stream = match model.chat(request()).await {
+        Ok(stream) => stream,
+        Err(error) => return (Vec::new(), Err(error)),
+    };
+    let mut deltas = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        match chunk {
+            Ok(ModelChunk::Delta(delta)) => deltas.push(delta),
+            Ok(ModelChunk::Done(reply)) => return (deltas, Ok(reply)),
+            Err(error) => return (deltas, Err(error)),
+        }
+    }
+    (deltas, Err(ModelError::Incomplete))
+}
+
+async fn server(script: Vec<FakeReply>) -> FakeOpenAi {
+    FakeOpenAi::start(script, None).await.unwrap()
+}
+
+#[tokio::test]
+async fn streamed_text_arrives_as_deltas_then_a_priced_reply() {
+    let server = server(vec![text_stream("Hello there, world", 3)]).await;
+    let (deltas, reply) = call(&model_with(&server, |_| {})).await;
+    let reply = reply.unwrap();
+    assert_eq!(reply.content, "Hello there, world");
+    assert!(deltas.len() >= 3);
+    let streamed: String = deltas.iter().map(|d| if let ModelDelta::Text(t) = d { t.as_str() } else { "" }).collect();
+    assert_eq!(streamed, "Hello there, world");
+    assert_eq!((reply.usage.input_tokens, reply.usage.output_tokens), (12, 7));
+    assert!((reply.usage.cost_usd - (12.0 * 1.0 + 7.0 * 2.0) / 1e6).abs() < 1e-12);
+
+    let sent = &server.requests()[0];
+    assert_eq!(sent.authorization.as_deref(), Some(format!("Bearer {CANARY}").as_str()));
+    assert_eq!(sent.body["model"], "gpt-fake");
+    assert_eq!(sent.body["stream"], true);
+    assert_eq!(sent.body["stream_options"]["include_usage"], true);
+    assert_eq!(sent.body["max_tokens"], 100);
+}
+
+#[tokio::test]
+async fn a_tool_call_split_over_many_chunks_is_assembled() {
+    let arguments = r#"{"query": "delivery status", "limit": 5}"#;
+    let server = server(vec![tool_call_stream(&[("call_1", "search", arguments)], 9)]).await;
+    let (_, reply) = call(&model_with(&server, |_| {})).await;
+    let reply = reply.unwrap();
+    assert_eq!(reply.tool_calls.len(), 1);
+    assert_eq!(reply.tool_calls[0].call_id, "call_1");
+    assert_eq!(reply.tool_calls[0].name, "search");
+    assert_eq!(reply.tool_calls[0].args, json!({"query": "delivery status", "limit": 5}));
+    assert!(reply.decode_errors.is_empty());
+}
+
+#[tokio::test]
+async fn two_parallel_tool_calls_keep_their_order_and_arguments() {
+    let calls = [("a", "search", r#"{"q": "one"}"#), ("b", "echo", r#"{"text": "two"}"#)];
+    let server = server(vec![tool_call_stream(&calls, 3)]).await;
+    let (_, reply) = call(&model_with(&server, |_| {})).await;
+    let names: Vec<(String, Value)> = reply.unwrap().tool_calls.into_iter().map(|c| (c.name, c.args)).collect();
+    assert_eq!(names, vec![("search".into(), json!({"q": "one"})), ("echo".into(), json!({"text": "two"}))]);
+}
+
+#[tokio::test]
+async fn reasoning_content_is_kept_as_reasoning_deltas() {
+    let chunks = vec![
+        json!({"choices": [{"index": 0, "delta": {"reasoning_content": "Think first."}}]}),
+        json!({"choices": [{"index": 0, "delta": {"reasoning": " Then more."}}]}),
+        json!({"choices": [{"index": 0, "delta": {"content": "Answer."}, "finish_reason": "stop"}]}),
+        usage_chunk(3, 4),
+    ];
+    let server = server(vec![FakeReply::Stream { chunks, delay_ms: 0, done: true }]).await;
+    let (deltas, reply) = call(&model_with(&server, |_| {})).await;
+    assert_eq!(
+        deltas,
+        vec![
+            ModelDelta::Reasoning("Think first.".into()),
+            ModelDelta::Reasoning(" Then more.".into()),
+            ModelDelta::Text("Answer.".into())
+        ]
+    );
+    assert_eq!(reply.unwrap().content, "Answer.");
+}
+
+#[tokio::test]
+async fn a_429_is_retried_no_sooner_than_its_retry_after() {
+    let busy =
+        FakeReply::Status { status: 429, retry_after: Some("1".into()), body: "{\"error\": \"slow down\"}".into() };
+    let server = server(vec![busy, text_stream("ok", 1)]).await;
+    let (_, reply) = call(&model_with(&server, |_| {})).await;
+    assert_eq!(reply.unwrap().content, "ok");
+    let requests = server.requests();
+    assert_eq!(requests.len(), 2);
+    assert!(requests[1].at - requests[0].at >= Duration::from_secs(1), "the retry honoured Retry-After");
+}
+
+#[tokio::test]
+async fn a_400_or_a_quota_429_is_not_retried() {
+    let bad = FakeReply::Status { status: 400, retry_after: None, body: "{\"error\": \"bad request\"}".into() };
+    let server_a = server(vec![bad, text_stream("never", 1)]).await;
+    let (_, reply) = call(&model_with(&server_a, |_| {})).await;
+    assert!(matches!(reply, Err(ModelError::Status { status: 400, .. })), "{reply:?}");
+    assert_eq!(server_a.requests().len(), 1);
+
+    let quota = FakeReply::Status {
+        status: 429,
+        retry_after: None,
+        body: "{\"error\": {\"code\": \"insufficient_quota\"}}".into(),
+    };
+    let server_b = server(vec![quota, text_stream("never", 1)]).await;
+    let (_, reply) = call(&model_with(&server_b, |_| {})).await;
+    assert!(matches!(reply, Err(ModelError::Status { status: 429, .. })));
+    assert_eq!(server_b.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn repeated_500s_exhaust_the_retries_with_a_typed_error() {
+    let failing = FakeReply::Status { status: 500, retry_after: None, body: "{\"error\": \"boom\"}".into() };
+    let server = FakeOpenAi::start(Vec::new(), Some(failing)).await.unwrap();
+    let (_, reply) = call(&model_with(&server, |_| {})).await;
+    match reply {
+        Err(ModelError::Status { status: 500, message }) => assert!(message.contains("boom")),
+        other => panic!("expected a 500, got {other:?}"),
+    }
+    assert_eq!(server.requests().len(), 3, "max_attempts");
+}
+
+#[tokio::test]
+async fn a_hanging_server_hits_the_first_byte_timeout() {
+    let server = FakeOpenAi::start(Vec::new(), Some(FakeReply::Hang)).await.unwrap();
+    let model = model_with(&server, |settings| {
+        settings.first_byte_timeout = Duration::from_millis(200);
+        settings.retry.max_attempts = 2;
+    });
+    let started = Instant::now();
+    let (_, reply) = call(&model).await;
+    assert_eq!(reply, Err(ModelError::Timeout(Duration::from_millis(200))));
+    assert_eq!(server.requests().len(), 2, "a timeout is retried, within the bound");
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[tokio::test]
+async fn a_slow_drip_beyond_the_idle_timeout_fails() {
+    let drip = FakeReply::Stream {
+        chunks: vec![json!({"choices": [{"index": 0, "delta": {"content": "a"}}]}); 3],
+        delay_ms: 400,
+        done: true,
+    };
+    let server = server(vec![drip]).await;
+    let model = model_with(&server, |settings| settings.idle_timeout = Duration::from_millis(150));
+    let (_, reply) = call(&model).await;
+    assert_eq!(reply, Err(ModelError::Timeout(Duration::from_millis(150))));
+}
+
+#[tokio::test]
+async fn a_truncated_stream_is_an_error_and_yields_no_reply() {
+    let truncated = FakeReply::Stream {
+        chunks: vec![
+            json!({"choices": [{"index": 0, "delta": {"content": "half an ans"}}]}),
+            json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "c", "function": {"name": "search", "arguments": "{\"q\""}}]}}]}),
+        ],
+        delay_ms: 0,
+        done: false,
+    };
+    let server = server(vec![truncated]).await;
+    let (deltas, reply) = call(&model_with(&server, |_| {})).await;
+    assert_eq!(reply, Err(ModelError::Incomplete));
+    assert_eq!(deltas, vec![ModelDelta::Text("half an ans".into())], "only display deltas came before the error");
+}
+
+#[tokio::test]
+async fn malformed_chunks_and_oversized_bodies_are_typed_errors() {
+    let garbage =
+        FakeReply::Raw { status: 200, content_type: "text/event-stream".into(), body: "data: {not json\n\n".into() };
+    let huge = FakeReply::Raw { status: 200, content_type: "text/event-stream".into(), body: "x".repeat(2 << 20) };
+    let server = server(vec![garbage, huge]).await;
+    let model = model_with(&server, |_| {});
+    let (_, reply) = call(&model).await;
+    assert!(matches!(reply, Err(ModelError::Decode(ref message)) if message.contains("not JSON")), "{reply:?}");
+    let (_, reply) = call(&model).await;
+    assert!(matches!(reply, Err(ModelError::Decode(ref message)) if message.contains("larger than")), "{reply:?}");
+}
+
+#[tokio::test]
+async fn non_streaming_mode_reads_one_json_body() {
+    let body = json!({
+        "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "whole",
+            "tool_calls": [{"id": "x", "type": "function", "function": {"name": "echo", "arguments": "{\"text\": \"hi\"}"}}]}}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 6}
+    });
+    let server = server(vec![FakeReply::Json { body }]).await;
+    let mut settings = provider_settings(&server);
+    settings.api_key = None;
+    let model = ModelSettings {
+        name: "plain".into(),
+        id: "m".into(),
+        stream: false,
+        input_price_per_million: 0.0,
+        output_price_per_million: 0.0,
+    };
+    let model = OpenAiModel::new(Provider::new(settings).unwrap(), model);
+    let (_, reply) = call(&model).await;
+    let reply = reply.unwrap();
+    assert_eq!(reply.tool_calls[0].args, json!({"text": "hi"}));
+    assert_eq!(reply.usage.output_tokens, 6);
+    assert!(server.requests()[0].body.get("stream").is_none());
+    assert!(server.requests()[0].authorization.is_none());
+}
+
+/// A runtime whose default model is `model`, with the echo tool.
+async fn runtime(model: Arc<dyn ModelClient>) -> Runtime {
+    let deps = Deps {
+        store: Arc::new(MemoryStore::new()),
+        models: ModelRegistry::new(model),
+        tools: ToolRegistry::new().with(Arc::new(EchoTool)).unwrap(),
+        hooks: Vec::new(),
+        agents: vec![AgentConfig::new("default", "Use tools when useful.", vec!["echo".into()])],
+    };
+    Runtime::start(RuntimeConfig::default(), deps).await.unwrap()
+}
+
+async fn run(runtime: &Runtime, input: &str) -> (troupe_actors::store::RunRecord, Vec<Arc<RunEvent>>) {
+    let run_id = runtime.submit(SubmitRequest::new("default", input)).await.unwrap();
+    let events: Vec<Arc<RunEvent>> = runtime.subscribe(run_id, 0).map(|event| event.unwrap()).collect().await;
+    (runtime.get(run_id).await.unwrap().unwrap(), events)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_run_with_the_fake_server_as_the_model() {
+    let server = server(vec![
+        tool_call_stream(&[("c1", "echo", r#"{"text": "pong"}"#)], 4),
+        text_stream("The echo said pong.", 2),
+    ])
+    .await;
+    let runtime = runtime(Arc::new(model_with(&server, |_| {}))).await;
+    let (record, events) = run(&runtime, "ping").await;
+
+    assert_eq!(record.status, RunStatus::Succeeded);
+    assert_eq!(record.final_output.as_deref(), Some("The echo said pong."));
+    assert_eq!((record.usage.input_tokens, record.usage.output_tokens), (32, 16));
+    assert!(events.iter().any(|e| matches!(&e.kind, EventKind::ToolCallEnd { tool, .. } if tool == "echo")));
+    assert!(events.iter().any(|e| matches!(&e.kind, EventKind::AssistantDelta { .. })));
+    let second = &server.requests()[1].body;
+    let tool_message = second["messages"].as_array().unwrap().iter().find(|m| m["role"] == "tool").unwrap();
+    assert_eq!((tool_message["tool_call_id"].as_str(), tool_message["content"].as_str()), (Some("c1"), Some("pong")));
+    assert!(second["tools"].as_array().unwrap().iter().any(|t| t["function"]["name"] == "echo"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_arguments_become_a_decode_error_and_the_run_goes_on() {
+    let server =
+        server(vec![tool_call_stream(&[("c1", "echo", r#"{"text": "unterminated"#)], 3), text_stream("Recovered.", 1)])
+            .await;
+    let runtime = runtime(Arc::new(model_with(&server, |_| {}))).await;
+    let (record, events) = run(&runtime, "try").await;
+
+    assert_eq!(record.status, RunStatus::Succeeded);
+    assert!(events.iter().any(|e| matches!(&e.kind, EventKind::DecodeError { detail, .. } if detail.contains("c1"))));
+    let second = &server.requests()[1].body;
+    let tool_message = second["messages"].as_array().unwrap().iter().find(|m| m["role"] == "tool").unwrap();
+    assert!(tool_message["content"].as_str().unwrap().contains("not valid JSON"), "the model sees the error");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exhausted_retries_fail_the_run_with_a_clear_reason_and_no_secret() {
+    let failing =
+        FakeReply::Status { status: 503, retry_after: None, body: "{\"error\": \"overloaded, key {auth}\"}".into() };
+    let server = FakeOpenAi::start(Vec::new(), Some(failing)).await.unwrap();
+    let runtime = runtime(Arc::new(model_with(&server, |_| {}))).await;
+    let (record, events) = run(&runtime, "anything").await;
+
+    assert_eq!(record.status, RunStatus::Failed);
+    let reason = record.reason.unwrap();
+    assert!(reason.starts_with("model error: model returned status 503"), "{reason}");
+    assert!(!reason.contains(CANARY), "the echoed key is scrubbed: {reason}");
+    for event in &events {
+        assert!(!serde_json::to_string(event.as_ref()).unwrap().contains(CANARY));
+    }
+}
