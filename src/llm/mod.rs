@@ -246,3 +246,64 @@ fn build_provider(name: &str, config: &ProviderConfig, api_key: Option<String>) 
     };
     Provider::new(settings).map_err(|error| invalid(error.to_string()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn provider() -> BTreeMap<String, ProviderConfig> {
+        BTreeMap::from([("local".to_owned(), ProviderConfig::with_base_url("http://127.0.0.1:9/v1".into()))])
+    }
+
+    fn model(provider: &str) -> ModelConfig {
+        ModelConfig {
+            provider: provider.into(),
+            id: "m".into(),
+            stream: true,
+            input_price_per_million: 0.0,
+            output_price_per_million: 0.0,
+            context_window: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn configured_models_are_named_and_the_default_chosen() {
+        let models = BTreeMap::from([("a".to_owned(), model("local")), ("b".to_owned(), model("local"))]);
+        let registry = build_models(&provider(), &models, Some("b"), &EnvModel::default(), |_| None).unwrap();
+        assert_eq!(registry.get(None).unwrap().name(), "b");
+        assert_eq!(registry.get(Some("a")).unwrap().name(), "a");
+        assert_eq!(registry.get(Some("offline")).unwrap().name(), "offline");
+        assert!(registry.get(Some("c")).is_none());
+    }
+
+    #[tokio::test]
+    async fn the_environment_quick_start_and_the_offline_fallback() {
+        let (none, no_models) = (BTreeMap::new(), BTreeMap::new());
+        let offline = build_models(&none, &no_models, None, &EnvModel::default(), |_| None).unwrap();
+        assert_eq!(offline.get(None).unwrap().name(), "offline");
+        let env =
+            EnvModel { base_url: Some("http://127.0.0.1:9/v1".into()), api_key: None, model: Some("gpt-x".into()) };
+        let quick = build_models(&none, &no_models, None, &env, |_| None).unwrap();
+        assert_eq!(quick.get(None).unwrap().name(), "env");
+    }
+
+    fn error_of(result: Result<ModelRegistry, ModelsError>) -> String {
+        match result {
+            Ok(_) => panic!("expected an error"),
+            Err(error) => error.to_string(),
+        }
+    }
+
+    #[tokio::test]
+    async fn bad_references_and_settings_are_named() {
+        let models = BTreeMap::from([("a".to_owned(), model("nowhere"))]);
+        let error = error_of(build_models(&provider(), &models, None, &EnvModel::default(), |_| None));
+        assert_eq!(error, "model a names unknown provider nowhere");
+        let error = error_of(build_models(&provider(), &BTreeMap::new(), Some("zz"), &EnvModel::default(), |_| None));
+        assert_eq!(error, "default_model zz is not a configured model");
+        let mut broken = provider();
+        broken.get_mut("local").unwrap().idle_timeout = 0.0;
+        let error = error_of(build_models(&broken, &BTreeMap::new(), None, &EnvModel::default(), |_| None));
+        assert!(error.contains("idle_timeout must be a positive number of seconds"), "{error}");
+    }
+}

@@ -12,9 +12,10 @@ use troupe_actors::config::{AgentConfig, RuntimeConfig};
 use troupe_actors::llm::{
     ChatRequest, Message, ModelChunk, ModelClient, ModelDelta, ModelError, ModelRegistry, ModelReply, Role, ToolChoice,
 };
+use troupe_actors::metrics;
 use troupe_actors::protocol::{EventKind, RunEvent, RunStatus};
 use troupe_actors::store::MemoryStore;
-use troupe_actors::testing::EchoTool;
+use troupe_actors::testing::{EchoTool, capture_metrics, counter};
 use troupe_actors::tool::ToolRegistry;
 use troupe_actors::{Deps, Runtime, SubmitRequest};
 
@@ -298,11 +299,16 @@ async fn a_whole_run_with_the_fake_server_as_the_model() {
         text_stream("The echo said pong.", 2),
     ])
     .await;
+    capture_metrics();
     let runtime = runtime(Arc::new(model_with(&server, |_| {}))).await;
     let (record, events) = run(&runtime, "ping").await;
 
     assert_eq!(record.status, RunStatus::Succeeded);
     assert_eq!(record.final_output.as_deref(), Some("The echo said pong."));
+    let requests_ok = counter(metrics::MODEL_REQUESTS_TOTAL, &[("model", "fake-model"), ("status", "ok")]);
+    assert_eq!(requests_ok, 2, "one request per turn, counted");
+    let tokens = counter(metrics::MODEL_TOKENS_TOTAL, &[("model", "fake-model"), ("direction", "input")]);
+    assert_eq!(tokens, 32);
     assert_eq!((record.usage.input_tokens, record.usage.output_tokens), (32, 16));
     assert!(events.iter().any(|e| matches!(&e.kind, EventKind::ToolCallEnd { tool, .. } if tool == "echo")));
     assert!(events.iter().any(|e| matches!(&e.kind, EventKind::AssistantDelta { .. })));
@@ -342,4 +348,57 @@ async fn exhausted_retries_fail_the_run_with_a_clear_reason_and_no_secret() {
     for event in &events {
         assert!(!serde_json::to_string(event.as_ref()).unwrap().contains(CANARY));
     }
+}
+
+#[tokio::test]
+async fn requests_beyond_the_limit_and_its_queue_fail_as_overloaded() {
+    let server = FakeOpenAi::start(Vec::new(), Some(FakeReply::Hang)).await.unwrap();
+    let model = Arc::new(model_with(&server, |settings| {
+        settings.max_concurrency = 1;
+        settings.queue_limit = 1;
+    }));
+    let first = tokio::spawn({
+        let model = model.clone();
+        async move { model.chat(request()).await.map(drop) }
+    });
+    let second = tokio::spawn({
+        let model = model.clone();
+        async move { model.chat(request()).await.map(drop) }
+    });
+    // Poll until the first request reached the server and the second waits for its slot.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.requests().is_empty() || model.queued() == 0 {
+        assert!(Instant::now() < deadline, "the requests never got in flight and queued");
+        tokio::task::yield_now().await;
+    }
+    let third = model.chat(request()).await.map(drop);
+    assert!(matches!(third, Err(ModelError::Overloaded(_))), "{third:?}");
+    assert_eq!(server.requests().len(), 1, "the queued request waits; the third never left");
+    first.abort();
+    second.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_run_aborts_its_request_and_frees_the_slot() {
+    let server = FakeOpenAi::start(vec![FakeReply::Hang], Some(text_stream("free again", 1))).await.unwrap();
+    let model = Arc::new(model_with(&server, |settings| {
+        settings.max_concurrency = 1;
+        settings.queue_limit = 0;
+    }));
+    let runtime = runtime(model.clone()).await;
+    let run_id = runtime.submit(SubmitRequest::new("default", "wait")).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.requests().is_empty() {
+        assert!(Instant::now() < deadline, "the request never arrived");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    runtime.cancel(run_id).await.unwrap();
+    // With one slot and no queue, a request still in flight would make this overloaded.
+    let mut reply = call(&model).await.1;
+    while matches!(reply, Err(ModelError::Overloaded(_))) {
+        assert!(Instant::now() < deadline, "the cancelled request kept its slot");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        reply = call(&model).await.1;
+    }
+    assert_eq!(reply.unwrap().content, "free again");
 }

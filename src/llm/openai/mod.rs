@@ -149,6 +149,11 @@ impl OpenAiModel {
         Self { provider, settings }
     }
 
+    /// Requests of this model's provider waiting for a concurrency slot.
+    pub fn queued(&self) -> usize {
+        self.provider.waiting.load(Ordering::SeqCst)
+    }
+
     /// One attempt at sending `body`, classified for the retry loop.
     async fn send(&self, body: &Value) -> Attempt<reqwest::Response> {
         let settings = &self.provider.settings;
