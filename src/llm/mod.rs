@@ -230,7 +230,11 @@ fn build_provider(name: &str, config: &ProviderConfig, api_key: Option<String>) 
         name: name.to_owned(),
         base_url: config.base_url.clone(),
         api_key: api_key.and_then(Secret::new),
-        headers: config.headers.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        headers: config
+            .headers
+            .iter()
+            .filter_map(|(name, value)| Secret::new(value.clone()).map(|value| (name.clone(), value)))
+            .collect(),
         connect_timeout: seconds("connect_timeout", config.connect_timeout)?,
         first_byte_timeout: seconds("first_byte_timeout", config.first_byte_timeout)?,
         idle_timeout: seconds("idle_timeout", config.idle_timeout)?,

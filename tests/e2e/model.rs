@@ -26,7 +26,7 @@ fn provider_settings(server: &FakeOpenAi) -> ProviderSettings {
         name: "fake".into(),
         base_url: server.base_url(),
         api_key: Secret::new(CANARY.into()),
-        headers: vec![("x-team".into(), "troupe".into())],
+        headers: vec![("x-team".into(), Secret::new("troupe".into()).unwrap())],
         connect_timeout: Duration::from_secs(5),
         first_byte_timeout: Duration::from_secs(10),
         idle_timeout: Duration::from_secs(10),
@@ -376,6 +376,35 @@ async fn requests_beyond_the_limit_and_its_queue_fail_as_overloaded() {
     assert_eq!(server.requests().len(), 1, "the queued request waits; the third never left");
     first.abort();
     second.abort();
+    // A request dropped while it waited gives its place in the queue back.
+    while model.queued() > 0 {
+        assert!(Instant::now() < deadline, "the dropped wait kept its place");
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test]
+async fn a_last_event_without_its_blank_line_and_vendor_error_chunks_are_understood() {
+    let finish = r#"{"choices": [{"index": 0, "delta": {"content": "done"}, "finish_reason": "stop"}]}"#;
+    let unterminated = FakeReply::Raw {
+        status: 200,
+        content_type: "text/event-stream".into(),
+        body: format!(
+            "data: {finish}
+
+data: [DONE]"
+        ),
+    };
+    let vendor_error = FakeReply::Raw {
+        status: 200,
+        content_type: "text/event-stream".into(),
+        body: "data: {\"object\": \"error\", \"message\": \"model overloaded\"}\n\n".into(),
+    };
+    let server = server(vec![unterminated, vendor_error]).await;
+    let model = model_with(&server, |_| {});
+    assert_eq!(call(&model).await.1.unwrap().content, "done");
+    let (_, reply) = call(&model).await;
+    assert!(matches!(reply, Err(ModelError::Decode(ref message)) if message.contains("model overloaded")), "{reply:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

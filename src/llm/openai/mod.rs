@@ -35,7 +35,8 @@ pub struct Secret(String);
 impl Secret {
     /// Wraps a key; an empty one is no key.
     pub fn new(key: String) -> Option<Self> {
-        (!key.trim().is_empty()).then_some(Self(key))
+        let key = key.trim();
+        (!key.is_empty()).then(|| Self(key.to_owned()))
     }
 }
 
@@ -54,8 +55,9 @@ pub struct ProviderSettings {
     pub base_url: String,
     /// The bearer key, if the provider wants one.
     pub api_key: Option<Secret>,
-    /// Extra headers sent with every request.
-    pub headers: Vec<(String, String)>,
+    /// Extra headers sent with every request. Their values are treated as secrets
+    /// (some providers take the key in a header).
+    pub headers: Vec<(String, Secret)>,
     /// Time to establish a connection.
     pub connect_timeout: Duration,
     /// Time until the response head arrives.
@@ -88,7 +90,7 @@ impl Provider {
             .pool_max_idle_per_host(settings.max_concurrency)
             .build()
             .map_err(|error| ModelError::Transport(format!("cannot build the HTTP client: {error}")))?;
-        let slots = Arc::new(Semaphore::new(settings.max_concurrency.max(1)));
+        let slots = Arc::new(Semaphore::new(settings.max_concurrency.clamp(1, Semaphore::MAX_PERMITS)));
         Ok(Arc::new(Self { settings, http, slots, waiting: AtomicUsize::new(0) }))
     }
 
@@ -97,28 +99,53 @@ impl Provider {
         if let Ok(permit) = self.slots.clone().try_acquire_owned() {
             return Ok(permit);
         }
-        if self.waiting.fetch_add(1, Ordering::SeqCst) >= self.settings.queue_limit {
-            self.waiting.fetch_sub(1, Ordering::SeqCst);
+        // Counted while waiting; the guard uncounts also when the wait is dropped
+        // (a cancelled run, a model timeout).
+        let waiting = Waiting::enter(&self.waiting);
+        if waiting.ahead >= self.settings.queue_limit {
             return Err(ModelError::Overloaded(format!(
                 "provider {}: {} requests in flight and {} waiting",
                 self.settings.name, self.settings.max_concurrency, self.settings.queue_limit
             )));
         }
         let permit = self.slots.clone().acquire_owned().await;
-        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        drop(waiting);
         permit.map_err(|_| ModelError::Overloaded("the provider is shutting down".to_owned()))
     }
 
     /// Removes the key from text that may echo it (an error body, say).
     fn scrub(&self, text: &str) -> String {
         let mut text = text.to_owned();
-        if let Some(Secret(key)) = &self.settings.api_key {
-            text = text.replace(key.as_str(), "***");
+        let secrets = self.settings.api_key.iter().chain(self.settings.headers.iter().map(|(_, value)| value));
+        for Secret(secret) in secrets {
+            if secret.len() >= 4 {
+                text = text.replace(secret.as_str(), "***");
+            }
         }
         match text.char_indices().nth(500) {
             Some((cut, _)) => format!("{}…", &text[..cut]),
             None => text,
         }
+    }
+}
+
+/// A place in a provider's wait queue, given back when dropped.
+struct Waiting<'a> {
+    counter: &'a AtomicUsize,
+    /// Requests that were waiting before this one.
+    ahead: usize,
+}
+
+impl<'a> Waiting<'a> {
+    fn enter(counter: &'a AtomicUsize) -> Self {
+        let ahead = counter.fetch_add(1, Ordering::SeqCst);
+        Self { counter, ahead }
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.counter.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -159,7 +186,7 @@ impl OpenAiModel {
         let settings = &self.provider.settings;
         let url = format!("{}/chat/completions", settings.base_url.trim_end_matches('/'));
         let mut request = self.provider.http.post(url).json(body);
-        for (name, value) in &settings.headers {
+        for (name, Secret(value)) in &settings.headers {
             request = request.header(name, value);
         }
         if let Some(Secret(key)) = &settings.api_key {
@@ -167,14 +194,12 @@ impl OpenAiModel {
         }
         let response = match tokio::time::timeout(settings.first_byte_timeout, request.send()).await {
             Err(_) => {
-                metrics::model_retry(&self.settings.name, "timeout");
                 return Attempt::Retry { error: ModelError::Timeout(settings.first_byte_timeout), after: None };
             }
             Ok(Err(error)) => {
                 let retriable = error.is_connect() || error.is_timeout() || error.is_request();
                 let error = ModelError::Transport(self.provider.scrub(&error.without_url().to_string()));
                 if retriable {
-                    metrics::model_retry(&self.settings.name, "connect");
                     return Attempt::Retry { error, after: None };
                 }
                 return Attempt::Fail(error);
@@ -195,14 +220,8 @@ impl OpenAiModel {
         let error = ModelError::Status { status, message: self.provider.scrub(text.trim()) };
         let quota = text.contains("insufficient_quota") || text.contains("quota_exceeded");
         match status {
-            429 if !quota => {
-                metrics::model_retry(&self.settings.name, "429");
-                Attempt::Retry { error, after }
-            }
-            500..=599 => {
-                metrics::model_retry(&self.settings.name, "5xx");
-                Attempt::Retry { error, after }
-            }
+            429 if !quota => Attempt::Retry { error, after },
+            408 | 500 | 502 | 503 | 504 => Attempt::Retry { error, after },
             _ => Attempt::Fail(error),
         }
     }
@@ -218,11 +237,12 @@ impl ModelClient for OpenAiModel {
         let started = Instant::now();
         let permit = self.provider.admit().await?;
         let body = wire::request_body(&request, &self.settings.id, self.settings.stream);
-        let response = with_retries(&self.provider.settings.retry, |_| self.send(&body), |_, _| {}).await?;
+        let on_retry =
+            |error: &ModelError, _delay: Duration| metrics::model_retry(&self.settings.name, retry_reason(error));
+        let response = with_retries(&self.provider.settings.retry, |_| self.send(&body), on_retry).await?;
         let reading = Reading {
             body: response.bytes_stream().boxed(),
             buffer: Vec::new(),
-            received: 0,
             accumulator: Accumulator::default(),
             pending: VecDeque::new(),
             offered: request.tools.iter().map(|tool| tool.name.clone()).collect(),
@@ -244,7 +264,6 @@ impl ModelClient for OpenAiModel {
 struct Reading {
     body: BoxStream<'static, reqwest::Result<Bytes>>,
     buffer: Vec<u8>,
-    received: usize,
     accumulator: Accumulator,
     pending: VecDeque<ModelChunk>,
     offered: Vec<String>,
@@ -274,12 +293,13 @@ impl Reading {
                 Ok(Some(Ok(piece))) => piece,
                 Ok(None) => return self.end_of_body(),
             };
-            self.received += piece.len();
             // Carriage returns only end lines in an event stream (JSON escapes its
             // own); dropping them leaves one event separator: a blank line.
             let piece: Vec<u8> =
                 if self.stream { piece.iter().copied().filter(|b| *b != b'\r').collect() } else { piece.to_vec() };
-            if self.received > settings.max_body_bytes {
+            // The bound is on what is kept: the unparsed tail and the reply so far
+            // (a long stream's framing does not count against it).
+            if self.buffer.len() + piece.len() + self.accumulator.size() > settings.max_body_bytes {
                 let limit = settings.max_body_bytes;
                 return self.fail(ModelError::Decode(format!("the response is larger than {limit} bytes")));
             }
@@ -304,7 +324,8 @@ impl Reading {
             }
             let chunk: Value = serde_json::from_str(&payload)
                 .map_err(|error| ModelError::Decode(format!("a stream chunk is not JSON: {error}")))?;
-            if let Some(error) = chunk.get("error") {
+            let vendor_error = (chunk.get("object").and_then(Value::as_str) == Some("error")).then_some(&chunk);
+            if let Some(error) = chunk.get("error").or(vendor_error) {
                 return Err(ModelError::Decode(format!(
                     "the provider reported: {}",
                     self.provider.scrub(&error.to_string())
@@ -327,10 +348,22 @@ impl Reading {
             if !self.accumulator.finished {
                 return self.fail(ModelError::Decode("the response has no choices".to_owned()));
             }
-        } else if !self.accumulator.finished {
-            // The body ended before `[DONE]` and before any finish reason: a
-            // truncated stream. Nothing of it is used.
-            return self.fail(ModelError::Incomplete);
+        } else {
+            // A last event without its blank line still counts.
+            if !self.ended && !self.buffer.is_empty() {
+                self.buffer.extend_from_slice(b"\n\n");
+                if let Err(error) = self.take_events() {
+                    return self.fail(error);
+                }
+            }
+            if self.ended {
+                return self.next_pending();
+            }
+            if !self.accumulator.finished {
+                // The body ended before `[DONE]` and before any finish reason: a
+                // truncated stream. Nothing of it is used.
+                return self.fail(ModelError::Incomplete);
+            }
         }
         self.finish();
         self.next_pending()
@@ -358,9 +391,26 @@ impl Reading {
     }
 
     fn fail(&mut self, error: ModelError) -> Option<Result<ModelChunk, ModelError>> {
+        if self.stream && self.accumulator.finished && !self.ended {
+            // The reply was complete (a finish reason came); only `[DONE]` or the
+            // usage chunk is missing. Keep the reply.
+            tracing::debug!(model = %self.model.name, %error, "stream ended uncleanly after its finish reason");
+            self.finish();
+            return self.next_pending();
+        }
         self.ended = true;
         self.pending.clear();
         Some(Err(error))
+    }
+}
+
+/// The metrics label of a retried error.
+fn retry_reason(error: &ModelError) -> &'static str {
+    match error {
+        ModelError::Status { status: 429, .. } => "429",
+        ModelError::Status { .. } => "5xx",
+        ModelError::Timeout(_) => "timeout",
+        _ => "connect",
     }
 }
 

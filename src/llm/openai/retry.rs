@@ -58,7 +58,7 @@ where
                     return Err(error);
                 }
                 let delay = backoff(policy, number).max(after.unwrap_or_default());
-                if started.elapsed() + delay > policy.max_total {
+                if started.elapsed().saturating_add(delay) > policy.max_total {
                     return Err(error);
                 }
                 on_retry(&error, delay);

@@ -96,6 +96,11 @@ pub struct Accumulator {
 }
 
 impl Accumulator {
+    /// Bytes of reply kept so far (text and tool-call arguments).
+    pub fn size(&self) -> usize {
+        self.content.len() + self.calls.values().map(|call| call.arguments.len() + call.name.len()).sum::<usize>()
+    }
+
     /// Folds one streamed chunk in; returns the deltas to show as they come.
     pub fn push_chunk(&mut self, chunk: &Value) -> Vec<ModelDelta> {
         let mut deltas = Vec::new();
@@ -117,14 +122,26 @@ impl Accumulator {
                 }
             }
             for call in delta.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
-                let index = call.get("index").and_then(Value::as_u64).unwrap_or(self.calls.len() as u64);
+                let id = call.get("id").and_then(Value::as_str).filter(|id| !id.is_empty());
+                // Without an index, a fragment with a new id opens a call; one without
+                // continues the last call.
+                let index = match (call.get("index").and_then(Value::as_u64), id) {
+                    (Some(index), _) => index,
+                    (None, Some(id)) => self
+                        .calls
+                        .iter()
+                        .find(|(_, partial)| partial.id == id)
+                        .map(|(index, _)| *index)
+                        .unwrap_or_else(|| self.calls.keys().next_back().map_or(0, |last| last + 1)),
+                    (None, None) => self.calls.keys().next_back().copied().unwrap_or(0),
+                };
                 let partial = self.calls.entry(index).or_default();
-                if let Some(id) = call.get("id").and_then(Value::as_str) {
-                    partial.id.push_str(id);
+                if let Some(id) = id {
+                    extend_field(&mut partial.id, id);
                 }
                 if let Some(function) = call.get("function") {
                     if let Some(name) = function.get("name").and_then(Value::as_str) {
-                        partial.name.push_str(name);
+                        extend_field(&mut partial.name, name);
                     }
                     if let Some(arguments) = function.get("arguments").and_then(Value::as_str) {
                         partial.arguments.push_str(arguments);
@@ -185,7 +202,8 @@ impl Accumulator {
             })
             .collect();
         let mut content = self.content;
-        if tool_calls.is_empty() && !content.is_empty() {
+        // Recovery only where calls are possible: never on a tool-free request.
+        if tool_calls.is_empty() && !content.is_empty() && !offered.is_empty() {
             let found = recover::recover(&content, offered, id_prefix);
             if !found.calls.is_empty() {
                 tool_calls = found.calls;
@@ -196,6 +214,14 @@ impl Accumulator {
         let (input_tokens, output_tokens) = self.usage.unwrap_or((0, 0));
         let cost_usd = (input_tokens as f64 * prices.0 + output_tokens as f64 * prices.1) / 1e6;
         ModelReply { content, tool_calls, usage: Usage { input_tokens, output_tokens, cost_usd }, decode_errors }
+    }
+}
+
+/// Adds a streamed id or name fragment. Some servers repeat the whole value on
+/// every fragment instead of splitting it: a repeat is not appended.
+fn extend_field(field: &mut String, fragment: &str) {
+    if field != fragment {
+        field.push_str(fragment);
     }
 }
 
@@ -250,6 +276,33 @@ mod tests {
             ToolCall { call_id: "call_a".into(), name: "search".into(), args: json!({"q": "x"}) }
         );
         assert_eq!(reply.usage.cost_usd, 6.0);
+    }
+
+    #[test]
+    fn repeated_ids_and_names_are_not_doubled_and_unindexed_fragments_continue() {
+        let mut accumulator = Accumulator::default();
+        for chunk in [
+            json!({"choices": [{"delta": {"tool_calls": [{"id": "c1", "function": {"name": "search", "arguments": "{\"q\""}}]}}]}),
+            json!({"choices": [{"delta": {"tool_calls": [{"id": "c1", "function": {"name": "search", "arguments": ": 1}"}}]}}]}),
+            json!({"choices": [{"delta": {"tool_calls": [{"function": {"arguments": ""}}]}, "finish_reason": "tool_calls"}]}),
+        ] {
+            accumulator.push_chunk(&chunk);
+        }
+        let reply = accumulator.finish(&[], (0.0, 0.0), "c");
+        assert_eq!(
+            reply.tool_calls,
+            vec![ToolCall { call_id: "c1".into(), name: "search".into(), args: json!({"q": 1}) }]
+        );
+    }
+
+    #[test]
+    fn no_recovery_from_text_when_no_tool_is_offered() {
+        let mut accumulator = Accumulator::default();
+        let text = "The format is <tool_call>{\"name\": \"search\"}</tool_call>.";
+        accumulator.push_chunk(&json!({"choices": [{"delta": {"content": text}, "finish_reason": "stop"}]}));
+        let reply = accumulator.finish(&[], (0.0, 0.0), "c");
+        assert!(reply.tool_calls.is_empty());
+        assert_eq!(reply.content, text);
     }
 
     #[test]
