@@ -5,5 +5,6 @@
 pub mod config;
 pub mod demo;
 pub mod llm;
+pub mod store;
 pub mod testing;
 pub mod tools;

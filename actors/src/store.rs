@@ -182,6 +182,10 @@ pub trait RunStore: Send + Sync + 'static {
 
     /// Ids of runs that have not ended, oldest first: what a restart resumes.
     async fn unfinished_runs(&self) -> Result<Vec<RunId>, StoreError>;
+
+    /// Deletes up to `limit` runs that ended before `before`, with everything they
+    /// own; returns how many. Retention calls it in batches.
+    async fn delete_finished(&self, before: DateTime<Utc>, limit: usize) -> Result<usize, StoreError>;
 }
 
 /// Checks that `events` continue after `last_seq` with no gap.
@@ -330,6 +334,20 @@ impl RunStore for MemoryStore {
             .collect();
         ids.sort();
         Ok(ids)
+    }
+
+    async fn delete_finished(&self, before: DateTime<Utc>, limit: usize) -> Result<usize, StoreError> {
+        let doomed: Vec<RunId> = self
+            .runs
+            .iter()
+            .filter(|entry| entry.snapshot.run.status.is_terminal() && entry.snapshot.run.updated_at < before)
+            .map(|entry| *entry.key())
+            .take(limit)
+            .collect();
+        for run_id in &doomed {
+            self.runs.remove(run_id);
+        }
+        Ok(doomed.len())
     }
 }
 

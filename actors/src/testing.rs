@@ -378,6 +378,9 @@ impl RunStore for FaultyStore {
     async fn unfinished_runs(&self) -> Result<Vec<RunId>, StoreError> {
         self.inner.unfinished_runs().await
     }
+    async fn delete_finished(&self, before: chrono::DateTime<chrono::Utc>, limit: usize) -> Result<usize, StoreError> {
+        self.inner.delete_finished(before, limit).await
+    }
 }
 
 struct Capture {

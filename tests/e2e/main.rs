@@ -4,3 +4,4 @@
 
 mod demo;
 mod model;
+mod store;

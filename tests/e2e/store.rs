@@ -1,0 +1,302 @@
+//! One `RunStore` contract, run against the memory store, SQLite and PostgreSQL,
+//! and whole runs on the SQL stores.
+//!
+//! PostgreSQL: `TROUPE_TEST_PG_URL` (an admin URL; each test creates its own
+//! database) or, without it, the local server at 127.0.0.1:5432. Under CI a missing
+//! PostgreSQL fails the tests; elsewhere they say they skipped it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use futures::StreamExt;
+use serde_json::json;
+use troupe::store::SqlStore;
+use troupe_actors::config::{AgentConfig, RuntimeConfig};
+use troupe_actors::llm::ModelRegistry;
+use troupe_actors::protocol::{
+    CallStatus, EventKind, Fragment, Limits, Plan, Recommendation, Review, ReviewStatus, RunEvent, RunId, RunStatus,
+    TaskStatus, TodoItem, ToolExecutionRecord, Usage,
+};
+use troupe_actors::store::{Commit, MemoryStore, RunQuery, RunRecord, RunStore, StoreError, StoreWrite, StoredMessage};
+use troupe_actors::testing::{EchoTool, LedgerTool, ScriptedModel, calls, text};
+use troupe_actors::tool::ToolRegistry;
+use troupe_actors::{Deps, Runtime, SubmitRequest};
+
+async fn sqlite() -> (SqlStore, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("troupe-store-{}", RunId::new()));
+    let path = dir.join("nested").join("troupe.db");
+    let store = SqlStore::connect(&format!("sqlite://{}", path.display())).await.unwrap();
+    assert!(path.exists(), "the file and its folders are created");
+    (store, dir)
+}
+
+/// A store on a fresh PostgreSQL database, or `None` (outside CI) without a server.
+async fn postgres() -> Option<SqlStore> {
+    let configured = std::env::var("TROUPE_TEST_PG_URL").ok();
+    let admin = configured.clone().unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+    let required = configured.is_some() || std::env::var("CI").is_ok();
+    let pool = match sqlx::PgPool::connect(&admin).await {
+        Ok(pool) => pool,
+        Err(error) if required => panic!("PostgreSQL is required here and {admin} failed: {error}"),
+        Err(error) => {
+            eprintln!("SKIPPED the PostgreSQL half: no server at {admin}: {error}");
+            return None;
+        }
+    };
+    let name = format!("troupe_test_{}", RunId::new().to_string().replace('-', ""));
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&pool).await.unwrap();
+    let (base, _) = admin.rsplit_once('/').unwrap();
+    Some(SqlStore::connect(&format!("{base}/{name}")).await.unwrap())
+}
+
+fn record(run_id: RunId, tenant: &str) -> RunRecord {
+    RunRecord {
+        run_id,
+        tenant: tenant.into(),
+        parent_run_id: None,
+        agent: "agent".into(),
+        input: "question ✓".into(),
+        limits: Limits { max_tokens: Some(1000), ..Limits::default() },
+        status: RunStatus::Running,
+        reason: None,
+        turn: 0,
+        usage: Usage::default(),
+        final_output: None,
+        created_at: Utc::now(),
+        updated_at: Utc::now(),
+    }
+}
+
+fn event(run_id: RunId, seq: u64, kind: EventKind) -> RunEvent {
+    RunEvent { run_id, seq, ts: Utc::now(), parent_run_id: None, kind }
+}
+
+fn execution(run_id: RunId, call_id: &str, status: CallStatus) -> ToolExecutionRecord {
+    ToolExecutionRecord {
+        run: run_id,
+        turn: 1,
+        call_id: call_id.into(),
+        tool: "echo".into(),
+        args: json!({"text": "x"}),
+        started_at: Utc::now(),
+        duration_ms: 3,
+        cost_usd: 0.0,
+        result_summary: "x".into(),
+        fragments_added: 0,
+        status,
+        error: None,
+    }
+}
+
+fn review() -> Review {
+    Review {
+        status: ReviewStatus::Ok,
+        quality_score: 1.0,
+        completeness: 0.5,
+        relevance: 1.0,
+        needs_more_data: false,
+        gaps: vec!["one gap".into()],
+        suggested_actions: vec![],
+        recommendation: Recommendation::Proceed,
+        updated_plan: None,
+        notes: "fine".into(),
+    }
+}
+
+/// What every store must do.
+async fn contract(store: Arc<dyn RunStore>) {
+    let run_id = RunId::new();
+    store.create_run(record(run_id, "acme"), vec![event(run_id, 1, EventKind::TurnStart { turn: 1 })]).await.unwrap();
+    assert_eq!(
+        store.create_run(record(run_id, "acme"), vec![]).await,
+        Err(StoreError::Exists(run_id)),
+        "a run id is created once"
+    );
+
+    // A commit with everything in it.
+    let plan = Plan {
+        version: 1,
+        items: vec![TodoItem {
+            id: "1".into(),
+            content: "look".into(),
+            status: TaskStatus::InProgress,
+            tools: vec![],
+            result: None,
+            error: None,
+        }],
+    };
+    let message = StoredMessage {
+        turn: 1,
+        message: troupe_actors::llm::Message::text(troupe_actors::llm::Role::Assistant, "hi"),
+    };
+    let fragment = Fragment { id: "d1".into(), source: "doc://1".into(), title: "One".into(), snippet: String::new() };
+    let writes = vec![
+        StoreWrite::Progress { turn: 1, usage: Usage { input_tokens: 10, output_tokens: 5, cost_usd: 0.25 } },
+        StoreWrite::Message(message.clone()),
+        StoreWrite::Plan(plan.clone()),
+        StoreWrite::ToolExecution(execution(run_id, "b", CallStatus::Started)),
+        StoreWrite::ToolExecution(execution(run_id, "a", CallStatus::Started)),
+        StoreWrite::ToolExecution(execution(run_id, "b", CallStatus::Completed)),
+        StoreWrite::Review { turn: 1, review: review() },
+        StoreWrite::Documents(vec![fragment.clone()]),
+    ];
+    let events =
+        vec![event(run_id, 2, EventKind::TurnEnd { turn: 1 }), event(run_id, 3, EventKind::TurnStart { turn: 2 })];
+    store.commit(&Commit { run_id, writes, events }).await.unwrap();
+
+    // A commit with a seq gap changes nothing.
+    let gap = Commit {
+        run_id,
+        writes: vec![StoreWrite::FinalOutput("never".into())],
+        events: vec![event(run_id, 5, EventKind::TurnEnd { turn: 2 })],
+    };
+    assert_eq!(store.commit(&gap).await, Err(StoreError::SeqConflict { run_id, expected: 4, got: 5 }));
+    let missing = RunId::new();
+    assert_eq!(
+        store.commit(&Commit { run_id: missing, writes: vec![], events: vec![] }).await,
+        Err(StoreError::NotFound(missing))
+    );
+
+    let snapshot = store.load(run_id).await.unwrap().unwrap();
+    assert_eq!(snapshot.last_seq, 3);
+    assert_eq!(snapshot.run.input, "question ✓");
+    assert_eq!(snapshot.run.limits.max_tokens, Some(1000));
+    assert_eq!((snapshot.run.turn, snapshot.run.usage.output_tokens), (1, 5));
+    assert_eq!(snapshot.run.final_output, None);
+    assert_eq!(snapshot.messages, vec![message]);
+    assert_eq!(snapshot.plan, plan);
+    let executions: Vec<(String, CallStatus)> =
+        snapshot.tool_executions.iter().map(|r| (r.call_id.clone(), r.status)).collect();
+    assert_eq!(
+        executions,
+        vec![("b".into(), CallStatus::Completed), ("a".into(), CallStatus::Started)],
+        "upserted in place"
+    );
+    assert_eq!(snapshot.reviews, vec![(1, review())]);
+    assert_eq!(snapshot.documents, vec![fragment]);
+
+    // Events replay in order, after any seq, in pages.
+    let all = store.events_after(run_id, 0, 100).await.unwrap();
+    assert_eq!(all.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![1, 2, 3]);
+    assert_eq!(all[1].kind, EventKind::TurnEnd { turn: 1 });
+    assert_eq!(store.events_after(run_id, 1, 1).await.unwrap().iter().map(|e| e.seq).collect::<Vec<_>>(), vec![2]);
+    assert!(store.events_after(run_id, 3, 10).await.unwrap().is_empty());
+    assert_eq!(store.events_after(missing, 0, 10).await, Err(StoreError::NotFound(missing)));
+
+    // Listing is per tenant, by status, newest first; unfinished runs are found.
+    let other = RunId::new();
+    store.create_run(record(other, "globex"), vec![]).await.unwrap();
+    let acme = store.list_runs(RunQuery { tenant: Some("acme".into()), status: None, limit: 10 }).await.unwrap();
+    assert_eq!(acme.iter().map(|r| r.run_id).collect::<Vec<_>>(), vec![run_id]);
+    let all_runs =
+        store.list_runs(RunQuery { tenant: None, status: Some(RunStatus::Running), limit: 10 }).await.unwrap();
+    assert_eq!(all_runs.iter().map(|r| r.run_id).collect::<Vec<_>>(), vec![other, run_id]);
+    assert_eq!(store.unfinished_runs().await.unwrap(), vec![run_id, other]);
+
+    // An ended run takes no more commits, is not unfinished, and retention removes it.
+    let end = vec![event(run_id, 4, EventKind::RunEnd { status: RunStatus::Succeeded, reason: None })];
+    let writes = vec![
+        StoreWrite::FinalOutput("answer".into()),
+        StoreWrite::Status { status: RunStatus::Succeeded, reason: None },
+    ];
+    store.commit(&Commit { run_id, writes, events: end }).await.unwrap();
+    let late = Commit { run_id, writes: vec![], events: vec![event(run_id, 5, EventKind::TurnStart { turn: 3 })] };
+    assert_eq!(store.commit(&late).await, Err(StoreError::Terminal(run_id)));
+    assert_eq!(store.get_run(run_id).await.unwrap().unwrap().final_output.as_deref(), Some("answer"));
+    assert_eq!(store.unfinished_runs().await.unwrap(), vec![other]);
+    assert_eq!(store.delete_finished(Utc::now() - chrono::Duration::hours(1), 10).await.unwrap(), 0, "too recent");
+    assert_eq!(store.delete_finished(Utc::now() + chrono::Duration::seconds(5), 10).await.unwrap(), 1);
+    assert_eq!(store.get_run(run_id).await.unwrap(), None);
+    assert_eq!(store.events_after(run_id, 0, 10).await, Err(StoreError::NotFound(run_id)));
+    assert!(store.get_run(other).await.unwrap().is_some(), "an unfinished run is kept");
+}
+
+#[tokio::test]
+async fn the_memory_store_keeps_the_contract() {
+    contract(Arc::new(MemoryStore::new())).await;
+}
+
+#[tokio::test]
+async fn the_sqlite_store_keeps_the_contract() {
+    let (store, dir) = sqlite().await;
+    contract(Arc::new(store)).await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn the_postgres_store_keeps_the_contract() {
+    if let Some(store) = postgres().await {
+        contract(Arc::new(store)).await;
+    }
+}
+
+/// A runtime on `store` whose agent may echo and write to a ledger.
+async fn runtime(store: Arc<dyn RunStore>, model: Arc<ScriptedModel>, ledger: &LedgerTool) -> Runtime {
+    let tools = ToolRegistry::new().with(Arc::new(EchoTool)).unwrap().with(Arc::new(ledger.clone())).unwrap();
+    let deps = Deps {
+        store,
+        models: ModelRegistry::new(model),
+        tools,
+        hooks: Vec::new(),
+        agents: vec![AgentConfig::new("default", "", vec!["echo".into(), "ledger".into()])],
+    };
+    Runtime::start(RuntimeConfig::default(), deps).await.unwrap()
+}
+
+/// A run through the whole runtime on `store`, then a restart of the runtime
+/// that resumes a parked run from the store.
+async fn runs_on(store: Arc<dyn RunStore>) {
+    let ledger = LedgerTool::default();
+    let model = Arc::new(ScriptedModel::per_turn(vec![
+        calls(&[("echo", json!({"text": "a"})), ("ledger", json!({"entry": "one"}))]),
+        text("done"),
+    ]));
+    let first = runtime(store.clone(), model.clone(), &ledger).await;
+    let run_id = first.submit(SubmitRequest::new("default", "work")).await.unwrap();
+    let record = first.wait(run_id).await.unwrap();
+    assert_eq!(record.status, RunStatus::Succeeded);
+    let events = store.events_after(run_id, 0, 1000).await.unwrap();
+    assert_eq!(events.iter().map(|e| e.seq).collect::<Vec<_>>(), (1..=events.len() as u64).collect::<Vec<_>>());
+    assert_eq!(ledger.lines.lock().unwrap().len(), 1);
+
+    let parked_model =
+        Arc::new(ScriptedModel::per_turn(vec![calls(&[("ask_user", json!({"question": "which?"}))]), text("ok")]));
+    let second = runtime(store.clone(), parked_model.clone(), &ledger).await;
+    let parked = second.submit(SubmitRequest::new("default", "ask me")).await.unwrap();
+    let mut stream = second.subscribe(parked, 0);
+    while let Some(event) = stream.next().await {
+        if matches!(event.unwrap().kind, EventKind::WaitingInput { .. }) {
+            break;
+        }
+    }
+    second.shutdown(Duration::from_secs(5)).await;
+
+    let third = runtime(store.clone(), parked_model.clone(), &ledger).await;
+    third.input(parked, "this one".into()).await.unwrap();
+    assert_eq!(third.wait(parked).await.unwrap().status, RunStatus::Succeeded);
+    assert_eq!(parked_model.request_count(), 2, "the committed turn-1 reply was not asked again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_persist_and_resume_on_sqlite() {
+    let (store, dir) = sqlite().await;
+    runs_on(Arc::new(store)).await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_persist_and_resume_on_postgres() {
+    if let Some(store) = postgres().await {
+        runs_on(Arc::new(store)).await;
+    }
+}
+
+#[tokio::test]
+async fn an_unsupported_url_is_refused_clearly() {
+    let error = match SqlStore::connect("mysql://localhost/x").await {
+        Ok(_) => panic!("accepted"),
+        Err(error) => error.to_string(),
+    };
+    assert!(error.contains("use sqlite://… or postgres://…"), "{error}");
+}
