@@ -28,6 +28,26 @@ pub struct Config {
     /// The model of agents that name none. Without it: the first configured model,
     /// else the `TROUPE_MODEL` quick start, else the offline model.
     pub default_model: Option<String>,
+    /// Where runs are kept.
+    pub store: StoreConfig,
+}
+
+/// Where runs are kept, and for how long.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreConfig {
+    /// `sqlite://PATH` or `postgres://…`; `TROUPE_DATABASE_URL` overrides it.
+    pub url: String,
+    /// Days a finished run is kept before `troupe gc` deletes it.
+    pub retention_days: f64,
+    /// Runs deleted per statement by `troupe gc`.
+    pub gc_batch: usize,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self { url: "sqlite://data/troupe.db".to_owned(), retention_days: 30.0, gc_batch: 500 }
+    }
 }
 
 /// Why the configuration could not be used.

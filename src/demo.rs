@@ -1,5 +1,6 @@
-//! `troupe demo`: one agent run in-process, on the in-memory store, with its events
-//! printed as they are committed.
+//! `troupe demo`: one agent run in-process, kept in the configured store, with its
+//! events printed as they are committed. Runs a previous process left unfinished in
+//! that store are resumed alongside.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,7 +9,7 @@ use futures::StreamExt;
 use troupe_actors::config::{AgentConfig, RuntimeConfig};
 use troupe_actors::llm::ModelRegistry;
 use troupe_actors::protocol::{CallStatus, EventKind, RunEvent, RunStatus, TaskStatus};
-use troupe_actors::store::MemoryStore;
+use troupe_actors::store::RunStore;
 use troupe_actors::{Deps, Runtime, SubmitRequest};
 
 use crate::tools::builtin_registry;
@@ -26,12 +27,12 @@ pub struct DemoArgs {
 /// Runs the demo; returns the run's terminal status.
 pub async fn run(
     config: RuntimeConfig,
+    store: Arc<dyn RunStore>,
     models: ModelRegistry,
     agents: Vec<AgentConfig>,
     args: DemoArgs,
 ) -> anyhow::Result<RunStatus> {
-    let deps =
-        Deps { store: Arc::new(MemoryStore::new()), models, tools: builtin_registry()?, hooks: Vec::new(), agents };
+    let deps = Deps { store, models, tools: builtin_registry()?, hooks: Vec::new(), agents };
     let runtime = Runtime::start(config, deps).await?;
     let run_id = runtime.submit(SubmitRequest::new(args.agent, args.question)).await?;
     let mut events = runtime.subscribe(run_id, 0);

@@ -5,6 +5,7 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -14,6 +15,8 @@ use troupe_actors::protocol::RunStatus;
 use troupe::config::{Config, DEFAULT_AGENT_TOML, parse_agent};
 use troupe::demo;
 use troupe::llm::{EnvModel, build_models};
+use troupe::store::SqlStore;
+use troupe_actors::store::RunStore;
 
 #[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
 #[global_allocator]
@@ -45,6 +48,12 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Delete finished runs older than the retention period, in batches.
+    Gc {
+        /// Override `store.retention_days`.
+        #[arg(long)]
+        older_than_days: Option<f64>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -62,6 +71,18 @@ fn main() -> ExitCode {
     }
 }
 
+/// `url` without its password, for messages.
+fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let credentials = &url[scheme + 3..at];
+            let user = credentials.split(':').next().unwrap_or_default();
+            format!("{}{user}:***{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let overlay = match &cli.config {
         Some(path) => {
@@ -70,7 +91,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         None => None,
     };
-    let config = Config::parse(overlay.as_ref().map(|(origin, text)| (origin.as_str(), text.as_str())))?;
+    let mut config = Config::parse(overlay.as_ref().map(|(origin, text)| (origin.as_str(), text.as_str())))?;
+    if let Ok(url) = std::env::var("TROUPE_DATABASE_URL") {
+        config.store.url = url;
+    }
     let agents = vec![parse_agent("config/agents/default.toml", DEFAULT_AGENT_TOML)?];
     let env = EnvModel {
         base_url: std::env::var("OPENAI_BASE_URL").ok(),
@@ -84,11 +108,32 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             std::env::var(name).ok()
         })
     })?;
+    let store = runtime
+        .block_on(SqlStore::connect(&config.store.url))
+        .with_context(|| format!("cannot open the store at {}", redact_url(&config.store.url)))?;
     match cli.command {
         Command::Demo { question, agent, json } => {
             let args = demo::DemoArgs { agent, question, json };
-            let status = runtime.block_on(demo::run(config.runtime, models, agents, args))?;
+            let status = runtime.block_on(demo::run(config.runtime, Arc::new(store), models, agents, args))?;
             Ok(if status == RunStatus::Succeeded { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+        }
+        Command::Gc { older_than_days } => {
+            let days = older_than_days.unwrap_or(config.store.retention_days);
+            let age = chrono::Duration::try_seconds((days * 86_400.0) as i64)
+                .filter(|_| days.is_finite() && days >= 0.0)
+                .context("the retention period must be a non-negative number of days")?;
+            let before = chrono::Utc::now() - age;
+            let batch = config.store.gc_batch.max(1);
+            let mut deleted = 0;
+            loop {
+                let count = runtime.block_on(store.delete_finished(before, batch))?;
+                deleted += count;
+                if count < batch {
+                    break;
+                }
+            }
+            println!("deleted {deleted} finished run(s) older than {days} day(s)");
+            Ok(ExitCode::SUCCESS)
         }
     }
 }

@@ -191,9 +191,15 @@ impl SqlStore {
                 std::fs::create_dir_all(parent)
                     .map_err(|error| StoreError::Backend(format!("cannot create {}: {error}", parent.display())))?;
             }
-            Pool::Sqlite(SqlitePoolOptions::new().max_connections(4).connect_with(options).await.map_err(backend)?)
+            let pool = SqlitePoolOptions::new().max_connections(4).acquire_timeout(Duration::from_secs(10));
+            Pool::Sqlite(pool.connect_with(options).await.map_err(backend)?)
         } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
-            Pool::Postgres(PgPoolOptions::new().max_connections(16).connect(url).await.map_err(backend)?)
+            // One plain connection first: a server that is down or refuses us fails
+            // at once with its own reason, not with a pool timeout.
+            let probe = <sqlx::PgConnection as sqlx::Connection>::connect(url).await.map_err(backend)?;
+            sqlx::Connection::close(probe).await.map_err(backend)?;
+            let pool = PgPoolOptions::new().max_connections(16).acquire_timeout(Duration::from_secs(10));
+            Pool::Postgres(pool.connect(url).await.map_err(backend)?)
         } else {
             return Err(StoreError::Backend(format!("unsupported store URL {url:?}: use sqlite://… or postgres://…")));
         };

@@ -4,8 +4,24 @@ use std::process::Command;
 
 use serde_json::Value;
 
+/// A store of its own for each invocation, in the temp dir.
+fn scratch_store() -> String {
+    let name = format!("troupe-e2e-{}-{}", std::process::id(), fastrand::u64(..));
+    format!("sqlite://{}", std::env::temp_dir().join(name).join("troupe.db").display())
+}
+
+fn troupe_on(store: &str, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_troupe"))
+        .args(args)
+        .env_remove("TROUPE_CONFIG")
+        .env_remove("TROUPE_MODEL")
+        .env("TROUPE_DATABASE_URL", store)
+        .output()
+        .expect("troupe runs")
+}
+
 fn troupe(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_troupe")).args(args).env_remove("TROUPE_CONFIG").output().expect("troupe runs")
+    troupe_on(&scratch_store(), args)
 }
 
 #[test]
@@ -71,6 +87,7 @@ async fn the_quick_start_environment_reaches_a_real_provider_and_never_leaks_its
     let output = tokio::task::spawn_blocking(move || {
         Command::new(env!("CARGO_BIN_EXE_troupe"))
             .args(["demo", "--json", "hello"])
+            .env("TROUPE_DATABASE_URL", scratch_store())
             .env("OPENAI_BASE_URL", base_url)
             .env("OPENAI_API_KEY", canary)
             .env("TROUPE_MODEL", "gpt-fake")
@@ -89,4 +106,25 @@ async fn the_quick_start_environment_reaches_a_real_provider_and_never_leaks_its
     assert!(!stdout.contains(canary) && !stderr.contains(canary), "the key leaked:\n{stdout}\n{stderr}");
     assert_eq!(server.requests().len(), 1, "a 401 is not retried");
     assert_eq!(server.requests()[0].authorization.as_deref(), Some(format!("Bearer {canary}").as_str()));
+}
+
+#[test]
+fn runs_are_kept_in_the_sqlite_store_until_gc_deletes_them() {
+    let store = scratch_store();
+    assert!(troupe_on(&store, &["demo", "one"]).status.success());
+    assert!(troupe_on(&store, &["demo", "two"]).status.success());
+    let kept = troupe_on(&store, &["gc"]);
+    assert!(kept.status.success());
+    assert_eq!(String::from_utf8_lossy(&kept.stdout).trim(), "deleted 0 finished run(s) older than 30 day(s)");
+    let gone = troupe_on(&store, &["gc", "--older-than-days", "0"]);
+    assert_eq!(String::from_utf8_lossy(&gone.stdout).trim(), "deleted 2 finished run(s) older than 0 day(s)");
+}
+
+#[test]
+fn a_store_that_cannot_be_reached_is_a_clear_error_without_the_password() {
+    let output = troupe_on("postgres://troupe:hunter2@127.0.0.1:1/none", &["demo", "hi"]);
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("cannot open the store at postgres://troupe:***@127.0.0.1:1/none"), "{stderr}");
+    assert!(!stderr.contains("hunter2"));
 }
