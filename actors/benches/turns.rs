@@ -16,18 +16,16 @@
 #![allow(unsafe_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::alloc::{GlobalAlloc, Layout};
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
 use std::time::{Duration, Instant};
-use tikv_jemallocator::Jemalloc;
 
-use serde_json::json;
+use tikv_jemallocator::Jemalloc;
 use troupe_actors::config::{AgentConfig, RuntimeConfig};
 use troupe_actors::llm::ModelRegistry;
-use troupe_actors::protocol::RunStatus;
 use troupe_actors::store::MemoryStore;
-use troupe_actors::testing::{EchoTool, ScriptedModel, Step, calls, text, todo};
+use troupe_actors::testing::bench::{TURNS_PER_RUN, throughput};
+use troupe_actors::testing::{EchoTool, ScriptedModel, Step, calls, todo};
 use troupe_actors::tool::ToolRegistry;
 use troupe_actors::{Deps, Runtime, SubmitRequest};
 
@@ -62,8 +60,6 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
-const TURNS_PER_RUN: u64 = 3;
-
 fn main() {
     let mut args = std::env::args().skip(1).filter(|arg| !arg.starts_with('-'));
     let runs: usize = args.next().and_then(|n| n.parse().ok()).unwrap_or(4000);
@@ -71,9 +67,10 @@ fn main() {
     let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
     let tokio = tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build().unwrap();
     println!("troupe-actors bench: {workers} worker threads");
-    tokio.block_on(throughput(runs.min(100), true));
+    tokio.block_on(throughput(Arc::new(MemoryStore::new()), runs.min(100), true)).unwrap();
     for (followed, how) in [(true, "each followed by a subscriber"), (false, "unobserved")] {
-        let (turns_per_second, cpu_per_turn) = tokio.block_on(throughput(runs, followed));
+        let store = Arc::new(MemoryStore::new());
+        let (turns_per_second, cpu_per_turn) = tokio.block_on(throughput(store, runs, followed)).unwrap();
         println!(
             "throughput: {runs} runs x {TURNS_PER_RUN} turns, {how}: {turns_per_second:.0} turns/s, \
              {cpu_per_turn:.1} µs CPU per turn"
@@ -83,64 +80,6 @@ fn main() {
         let bytes = tokio.block_on(footprint(parked, planned));
         println!("footprint: {parked} runs parked on the model {when}: {:.1} KiB heap per run", bytes / 1024.0);
     }
-}
-
-async fn start(model: ScriptedModel, max_active_runs: usize) -> Runtime {
-    let tools = ToolRegistry::new().with(Arc::new(EchoTool)).unwrap();
-    let agent = AgentConfig::new("bench", "You are a benchmark.", vec!["echo".into()]);
-    // The scripted answer leaves a task open; no reflection turn, so every run has
-    // exactly three turns.
-    let config = RuntimeConfig { max_active_runs, max_reflections: 0, ..RuntimeConfig::default() };
-    let deps = Deps {
-        store: Arc::new(MemoryStore::new()),
-        models: ModelRegistry::new(Arc::new(model)),
-        tools,
-        hooks: Vec::new(),
-        agents: vec![agent],
-    };
-    Runtime::start(config, deps).await.unwrap()
-}
-
-/// Turns per second and CPU microseconds per turn. `followed`: every run has a live
-/// subscriber reading all its events (as an SSE client would); otherwise the runs
-/// are submitted and their end is noticed by polling the number of active runs.
-async fn throughput(runs: usize, followed: bool) -> (f64, f64) {
-    let model = ScriptedModel::per_turn(vec![
-        calls(&[("todo_write", todo(&[("1", "echo", "in_progress"), ("2", "answer", "pending")]))]),
-        calls(&[("echo", json!({"text": "a"})), ("echo", json!({"text": "b"}))]),
-        text("done"),
-    ])
-    .quiet();
-    let runtime = Arc::new(start(model, runs).await);
-    let cpu_before = cpu_time();
-    let clock = Instant::now();
-    let mut handles = Vec::with_capacity(runs);
-    for index in 0..runs {
-        let runtime = runtime.clone();
-        handles.push(tokio::spawn(async move {
-            let run_id = runtime.submit(SubmitRequest::new("bench", format!("run {index}"))).await.unwrap();
-            if followed {
-                runtime.wait(run_id).await.unwrap();
-            }
-            run_id
-        }));
-    }
-    let mut run_ids = Vec::with_capacity(runs);
-    for handle in handles {
-        run_ids.push(handle.await.unwrap());
-    }
-    while runtime.active_runs().await > 0 {
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    let wall = clock.elapsed();
-    let cpu = cpu_time() - cpu_before;
-    for run_id in run_ids {
-        let record = runtime.get(run_id).await.unwrap().unwrap();
-        assert_eq!(record.status, RunStatus::Succeeded);
-        assert_eq!(u64::from(record.turn), TURNS_PER_RUN);
-    }
-    let turns = runs as u64 * TURNS_PER_RUN;
-    (turns as f64 / wall.as_secs_f64(), cpu.as_secs_f64() * 1e6 / turns as f64)
 }
 
 /// Heap bytes per run parked on a model reply: in its first turn (no plan yet, so
@@ -181,16 +120,4 @@ async fn wait_until(done: impl Fn() -> bool) {
         assert!(Instant::now() < deadline, "timed out");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-}
-
-/// User plus system CPU time of this process, from /proc (Linux).
-fn cpu_time() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // Fields after the command name (which is in parentheses and may hold spaces).
-    let fields: Vec<&str> =
-        stat.rsplit_once(')').map(|(_, rest)| rest.split_whitespace().collect()).unwrap_or_default();
-    let ticks: u64 = fields.get(11).and_then(|f| f.parse().ok()).unwrap_or(0)
-        + fields.get(12).and_then(|f| f.parse().ok()).unwrap_or(0);
-    // The kernel's USER_HZ is 100 on every mainstream Linux build.
-    Duration::from_millis(ticks * 10)
 }
