@@ -8,7 +8,8 @@ use std::time::Duration;
 use futures::StreamExt;
 use troupe_actors::config::{AgentConfig, RuntimeConfig};
 use troupe_actors::llm::ModelRegistry;
-use troupe_actors::protocol::{CallStatus, EventKind, RunEvent, RunStatus, TaskStatus};
+use troupe_actors::planner;
+use troupe_actors::protocol::{CallStatus, EventKind, RunEvent, RunStatus};
 use troupe_actors::store::RunStore;
 use troupe_actors::{Deps, Runtime, SubmitRequest};
 
@@ -71,13 +72,7 @@ fn render(event: &RunEvent) -> Option<String> {
         EventKind::PlanUpdated { plan } => {
             let mut lines = vec![format!("  plan v{}:", plan.version)];
             for item in &plan.items {
-                let mark = match item.status {
-                    TaskStatus::Completed => "✓",
-                    TaskStatus::InProgress => "→",
-                    TaskStatus::Failed | TaskStatus::Blocked => "✗",
-                    TaskStatus::Pending => "○",
-                };
-                lines.push(format!("    {mark} {}", item.content));
+                lines.push(format!("    {} {}", planner::marker(item.status), item.content));
             }
             lines.join("\n")
         }

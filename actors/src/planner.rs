@@ -180,12 +180,7 @@ pub fn render(plan: &Plan) -> String {
     }
     let mut text = format!("<plan version=\"{}\">\n", plan.version);
     for item in &plan.items {
-        let marker = match item.status {
-            TaskStatus::Completed => "✓",
-            TaskStatus::InProgress => "→",
-            TaskStatus::Failed | TaskStatus::Blocked => "✗",
-            TaskStatus::Pending => "○",
-        };
+        let marker = marker(item.status);
         text.push_str(&format!("{marker} [{}] {}", item.id, item.content));
         match (&item.status, &item.error, &item.result) {
             (TaskStatus::Blocked, error, _) => {
@@ -199,6 +194,17 @@ pub fn render(plan: &Plan) -> String {
     }
     text.push_str("</plan>");
     text
+}
+
+/// The checklist marker of a status: ✓ completed, → in progress, ✗ failed or
+/// blocked, ○ pending.
+pub fn marker(status: TaskStatus) -> &'static str {
+    match status {
+        TaskStatus::Completed => "✓",
+        TaskStatus::InProgress => "→",
+        TaskStatus::Failed | TaskStatus::Blocked => "✗",
+        TaskStatus::Pending => "○",
+    }
 }
 
 /// The `todo_write` tool as offered to the model (built once).

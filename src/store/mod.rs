@@ -20,7 +20,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::{PgPool, Row, SqlitePool};
 use troupe_actors::protocol::{Plan, RunEvent, RunId};
 use troupe_actors::store::{
-    Commit, RunQuery, RunRecord, RunSnapshot, RunStore, StoreError, StoreWrite, StoredMessage, check_sequence,
+    Commit, RunQuery, RunRecord, RunSnapshot, RunStore, StoreError, StoreWrite, check_sequence,
 };
 
 /// Migrations, in order, per backend.
@@ -165,6 +165,11 @@ fn json<T: Serialize>(value: &T) -> Result<String, StoreError> {
 
 fn parse<T: DeserializeOwned>(text: &str) -> Result<T, StoreError> {
     serde_json::from_str(text).map_err(|error| StoreError::Backend(format!("cannot decode a stored row: {error}")))
+}
+
+/// Decodes every JSON body a query returned.
+fn parse_all<T: DeserializeOwned>(bodies: Result<Vec<String>, sqlx::Error>) -> Result<Vec<T>, StoreError> {
+    bodies.map_err(backend)?.iter().map(|body| parse(body)).collect()
 }
 
 fn time(text: &str) -> Result<DateTime<Utc>, StoreError> {
@@ -397,13 +402,9 @@ impl RunStore for SqlStore {
             let run = run_from_row(&row)?;
             let last_seq = row.int("last_seq")?;
             let bodies = |sql: &'static str| sqlx::query_scalar::<_, String>(sql).bind(id.clone());
-            let messages: Vec<StoredMessage> = bodies("SELECT body FROM messages WHERE run_id = $1 ORDER BY idx")
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(backend)?
-                .iter()
-                .map(|body| parse(body))
-                .collect::<Result<_, _>>()?;
+            let messages = parse_all(
+                bodies("SELECT body FROM messages WHERE run_id = $1 ORDER BY idx").fetch_all(&mut *tx).await,
+            )?;
             let plan: Plan = match bodies("SELECT body FROM plans WHERE run_id = $1 ORDER BY version DESC LIMIT 1")
                 .fetch_optional(&mut *tx)
                 .await
@@ -412,27 +413,15 @@ impl RunStore for SqlStore {
                 Some(body) => parse(&body)?,
                 None => Plan::default(),
             };
-            let tool_executions = bodies("SELECT body FROM tool_executions WHERE run_id = $1 ORDER BY idx")
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(backend)?
-                .iter()
-                .map(|body| parse(body))
-                .collect::<Result<_, _>>()?;
-            let reviews = bodies("SELECT body FROM reviews WHERE run_id = $1 ORDER BY turn")
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(backend)?
-                .iter()
-                .map(|body| parse(body))
-                .collect::<Result<_, _>>()?;
-            let documents = bodies("SELECT body FROM documents WHERE run_id = $1 ORDER BY idx")
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(backend)?
-                .iter()
-                .map(|body| parse(body))
-                .collect::<Result<_, _>>()?;
+            let tool_executions = parse_all(
+                bodies("SELECT body FROM tool_executions WHERE run_id = $1 ORDER BY idx").fetch_all(&mut *tx).await,
+            )?;
+            let reviews = parse_all(
+                bodies("SELECT body FROM reviews WHERE run_id = $1 ORDER BY turn").fetch_all(&mut *tx).await,
+            )?;
+            let documents = parse_all(
+                bodies("SELECT body FROM documents WHERE run_id = $1 ORDER BY idx").fetch_all(&mut *tx).await,
+            )?;
             tx.commit().await.map_err(backend)?;
             Ok(Some(RunSnapshot {
                 run,
@@ -457,15 +446,14 @@ impl RunStore for SqlStore {
             if exists.is_none() {
                 return Err(StoreError::NotFound(run_id));
             }
-            let bodies: Vec<String> =
+            parse_all(
                 sqlx::query_scalar("SELECT body FROM run_events WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3")
                     .bind(&id)
                     .bind(after as i64)
                     .bind(limit.min(i64::MAX as usize) as i64)
                     .fetch_all(pool)
-                    .await
-                    .map_err(backend)?;
-            bodies.iter().map(|body| parse(body)).collect()
+                    .await,
+            )
         })
     }
 
