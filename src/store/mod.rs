@@ -3,10 +3,11 @@
 //! parameters only); each backend has its own migration files because their
 //! column types differ.
 //!
-//! A commit is one transaction: it checks the run is not over and that the events
-//! continue its sequence, applies the state changes, inserts the events and moves
-//! the run's `last_seq`. On SQLite it begins `IMMEDIATE` (no upgrade deadlocks); on
-//! PostgreSQL it locks the run row (`FOR UPDATE`).
+//! A commit is one transaction: one `UPDATE … RETURNING` claims the run, checks it
+//! is not over and that the events continue its sequence, and moves `last_seq`;
+//! then the state changes and one multi-row insert of the events. On SQLite it
+//! begins `IMMEDIATE` (no upgrade deadlocks); on PostgreSQL the update locks the
+//! run's row until the commit.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -146,6 +147,31 @@ macro_rules! apply {
             }
         };
         query.execute(&mut *$tx).await.map_err(backend)?;
+    }};
+}
+
+/// Why a commit's claim on its run matched no row: no such run, it has ended, or
+/// its events do not continue the sequence.
+macro_rules! why_refused {
+    ($tx:ident, $run_id:expr, $id:expr, $expected:expr) => {{
+        let row = sqlx::query("SELECT status, last_seq FROM runs WHERE run_id = $1")
+            .bind($id)
+            .fetch_optional(&mut *$tx)
+            .await
+            .map_err(backend)?;
+        match row {
+            None => StoreError::NotFound($run_id),
+            Some(row) => {
+                let status: String = row.try_get("status").map_err(backend)?;
+                let last_seq: i64 = row.try_get("last_seq").map_err(backend)?;
+                if TERMINAL.contains(&status.as_str()) {
+                    StoreError::Terminal($run_id)
+                } else {
+                    let got = $expected.map_or(0, |last: u64| last + 1);
+                    StoreError::SeqConflict { run_id: $run_id, expected: last_seq as u64 + 1, got }
+                }
+            }
+        }
     }};
 }
 
@@ -348,36 +374,46 @@ impl RunStore for SqlStore {
         let run_id = commit.run_id;
         let id = run_id.to_string();
         let now = Utc::now().to_rfc3339();
+        // The seq the events continue from; a commit without events checks none.
+        let expected = commit.events.first().map(|event| event.seq.saturating_sub(1));
+        if let Some(expected) = expected {
+            check_sequence(run_id, expected, &commit.events)?;
+        }
+        let new_last = expected.map(|last| (last + commit.events.len() as u64) as i64);
         with_pool!(self, |pool, postgres| {
             let mut tx = if postgres { pool.begin().await } else { pool.begin_with("BEGIN IMMEDIATE").await }
                 .map_err(backend)?;
-            let lock = if postgres {
-                "SELECT tenant, status, last_seq FROM runs WHERE run_id = $1 FOR UPDATE"
-            } else {
-                "SELECT tenant, status, last_seq FROM runs WHERE run_id = $1"
+            // One statement claims the run (on PostgreSQL it locks the row), checks it
+            // is not over and continues its sequence, and moves `last_seq`.
+            let claimed: Option<String> = sqlx::query_scalar(
+                "UPDATE runs SET last_seq = COALESCE($1, last_seq), updated_at = $2 \
+                 WHERE run_id = $3 AND ($4 IS NULL OR last_seq = $4) \
+                 AND status NOT IN ('succeeded', 'failed', 'cancelled') RETURNING tenant",
+            )
+            .bind(new_last)
+            .bind(&now)
+            .bind(&id)
+            .bind(expected.map(|last| last as i64))
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(backend)?;
+            let Some(tenant) = claimed else {
+                return Err(why_refused!(tx, run_id, &id, expected));
             };
-            let row = sqlx::query(lock).bind(&id).fetch_optional(&mut *tx).await.map_err(backend)?;
-            let Some(row) = row else { return Err(StoreError::NotFound(run_id)) };
-            let tenant: String = row.try_get("tenant").map_err(backend)?;
-            let status: String = row.try_get("status").map_err(backend)?;
-            let last_seq: i64 = row.try_get("last_seq").map_err(backend)?;
-            if TERMINAL.contains(&status.as_str()) {
-                return Err(StoreError::Terminal(run_id));
-            }
-            check_sequence(run_id, last_seq as u64, &commit.events)?;
             for write in &commit.writes {
                 apply!(tx, &id, &tenant, &now, write);
             }
-            for event in &commit.events {
-                insert_event!(tx, &tenant, event);
+            if !commit.events.is_empty() {
+                let mut insert = sqlx::QueryBuilder::new("INSERT INTO run_events (run_id, seq, tenant, kind, body) ");
+                let mut rows = Vec::with_capacity(commit.events.len());
+                for event in &commit.events {
+                    rows.push((event.seq as i64, event.kind.name(), json(event)?));
+                }
+                insert.push_values(rows, |mut row, (seq, kind, body)| {
+                    row.push_bind(id.clone()).push_bind(seq).push_bind(tenant.clone()).push_bind(kind).push_bind(body);
+                });
+                insert.build().execute(&mut *tx).await.map_err(backend)?;
             }
-            sqlx::query("UPDATE runs SET last_seq = $1, updated_at = $2 WHERE run_id = $3")
-                .bind(last_seq + commit.events.len() as i64)
-                .bind(&now)
-                .bind(&id)
-                .execute(&mut *tx)
-                .await
-                .map_err(backend)?;
             tx.commit().await.map_err(backend)
         })
     }
