@@ -8,6 +8,7 @@ use serde::Deserialize;
 use troupe_actors::config::{AgentConfig, RuntimeConfig};
 
 use crate::llm::{ModelConfig, ProviderConfig};
+use crate::tools::ToolsConfig;
 
 /// The embedded defaults; every key is documented there.
 pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
@@ -30,6 +31,8 @@ pub struct Config {
     pub default_model: Option<String>,
     /// Where runs are kept.
     pub store: StoreConfig,
+    /// The built-in tools.
+    pub tools: ToolsConfig,
 }
 
 /// Where runs are kept, and for how long.

@@ -9,11 +9,10 @@ use futures::StreamExt;
 use troupe_actors::config::{AgentConfig, RuntimeConfig};
 use troupe_actors::llm::ModelRegistry;
 use troupe_actors::planner;
-use troupe_actors::protocol::{CallStatus, EventKind, RunEvent, RunStatus};
+use troupe_actors::protocol::{CallStatus, EventKind, RunEvent, RunId, RunStatus};
 use troupe_actors::store::RunStore;
+use troupe_actors::tool::ToolRegistry;
 use troupe_actors::{Deps, Runtime, SubmitRequest};
-
-use crate::tools::builtin_registry;
 
 /// What to run and how to show it.
 pub struct DemoArgs {
@@ -30,10 +29,11 @@ pub async fn run(
     config: RuntimeConfig,
     store: Arc<dyn RunStore>,
     models: ModelRegistry,
+    tools: ToolRegistry,
     agents: Vec<AgentConfig>,
     args: DemoArgs,
 ) -> anyhow::Result<RunStatus> {
-    let deps = Deps { store, models, tools: builtin_registry()?, hooks: Vec::new(), agents };
+    let deps = Deps { store, models, tools, hooks: Vec::new(), agents };
     let runtime = Runtime::start(config, deps).await?;
     let run_id = runtime.submit(SubmitRequest::new(args.agent, args.question)).await?;
     let mut events = runtime.subscribe(run_id, 0);
@@ -48,6 +48,30 @@ pub async fn run(
     let status = runtime.get(run_id).await?.map_or(RunStatus::Failed, |run| run.status);
     runtime.shutdown(Duration::from_secs(5)).await;
     Ok(status)
+}
+
+/// Starts the runtime on `store`, which resumes every unfinished run there, and
+/// waits until they have all ended (parked runs stay parked). Returns each run with
+/// its status.
+pub async fn resume(
+    config: RuntimeConfig,
+    store: Arc<dyn RunStore>,
+    models: ModelRegistry,
+    tools: ToolRegistry,
+    agents: Vec<AgentConfig>,
+) -> anyhow::Result<Vec<(RunId, RunStatus)>> {
+    let unfinished = store.unfinished_runs().await?;
+    let deps = Deps { store, models, tools, hooks: Vec::new(), agents };
+    let runtime = Runtime::start(config, deps).await?;
+    let mut ended = Vec::with_capacity(unfinished.len());
+    for run_id in unfinished {
+        // A parked run waits for input, not for us.
+        let parked = runtime.get(run_id).await?.is_some_and(|run| run.status == RunStatus::WaitingInput);
+        let status = if parked { RunStatus::WaitingInput } else { runtime.wait(run_id).await?.status };
+        ended.push((run_id, status));
+    }
+    runtime.shutdown(Duration::from_secs(5)).await;
+    Ok(ended)
 }
 
 /// The human view of one event; `None` for events it leaves out.

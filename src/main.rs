@@ -29,6 +29,10 @@ struct Cli {
     /// A TOML file overriding keys of config/default.toml.
     #[arg(long, global = true, env = "TROUPE_CONFIG")]
     config: Option<PathBuf>,
+    /// A folder of agent files (`*.toml`), added to the built-in `default` agent
+    /// (a file defining `default` replaces it).
+    #[arg(long, global = true, env = "TROUPE_AGENTS")]
+    agents: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -48,6 +52,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Resume the runs a previous process left unfinished in the store, and wait
+    /// until they have all ended.
+    Resume,
     /// Delete finished runs older than the retention period, in batches.
     Gc {
         /// Override `store.retention_days`.
@@ -69,6 +76,25 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// The built-in `default` agent, then the agent files of `folder`, by file name.
+fn load_agents(folder: Option<&std::path::Path>) -> anyhow::Result<Vec<troupe_actors::config::AgentConfig>> {
+    let mut agents = vec![parse_agent("config/agents/default.toml", DEFAULT_AGENT_TOML)?];
+    let Some(folder) = folder else { return Ok(agents) };
+    let mut files: Vec<PathBuf> = std::fs::read_dir(folder)
+        .with_context(|| format!("cannot read the agents folder {}", folder.display()))?
+        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+        .filter(|path| path.extension().is_some_and(|ext| ext == "toml"))
+        .collect();
+    files.sort();
+    for path in files {
+        let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+        let agent = parse_agent(&path.display().to_string(), &text)?;
+        agents.retain(|known| known.name != agent.name);
+        agents.push(agent);
+    }
+    Ok(agents)
 }
 
 /// `url` without its password, for messages.
@@ -95,7 +121,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     if let Ok(url) = std::env::var("TROUPE_DATABASE_URL") {
         config.store.url = url;
     }
-    let agents = vec![parse_agent("config/agents/default.toml", DEFAULT_AGENT_TOML)?];
+    let agents = load_agents(cli.agents.as_deref())?;
+    let tools = troupe::tools::builtin_registry(&config.tools)?;
     let env = EnvModel {
         base_url: std::env::var("OPENAI_BASE_URL").ok(),
         api_key: std::env::var("OPENAI_API_KEY").ok(),
@@ -114,8 +141,18 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Demo { question, agent, json } => {
             let args = demo::DemoArgs { agent, question, json };
-            let status = runtime.block_on(demo::run(config.runtime, Arc::new(store), models, agents, args))?;
+            let status = runtime.block_on(demo::run(config.runtime, Arc::new(store), models, tools, agents, args))?;
             Ok(if status == RunStatus::Succeeded { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+        }
+        Command::Resume => {
+            let ended = runtime.block_on(demo::resume(config.runtime, Arc::new(store), models, tools, agents))?;
+            let succeeded = ended.iter().filter(|(_, status)| *status == RunStatus::Succeeded).count();
+            println!(
+                "resumed {} run(s): {succeeded} succeeded, {} ended otherwise",
+                ended.len(),
+                ended.len() - succeeded
+            );
+            Ok(ExitCode::SUCCESS)
         }
         Command::Gc { older_than_days } => {
             let days = older_than_days.unwrap_or(config.store.retention_days);

@@ -57,6 +57,13 @@ pub enum FakeReply {
     },
     /// Never answers.
     Hang,
+    /// The reply for the request's turn: `replies[n]` when the request holds `n`
+    /// assistant messages (the last one past the end). Concurrent runs each get
+    /// their own sequence, as from a scripted agent.
+    PerTurn {
+        /// The replies, by turn.
+        replies: Vec<FakeReply>,
+    },
     /// Any bytes with any content type.
     Raw {
         /// The status code.
@@ -152,9 +159,16 @@ async fn answer(State(state): State<Arc<FakeState>>, headers: HeaderMap, body: B
         requests.push(recorded);
     }
     let next = state.script.lock().ok().and_then(|mut script| script.pop_front()).or_else(|| state.fallback.clone());
-    let Some(reply) = next else {
+    let Some(mut reply) = next else {
         return plain(500, "text/plain", "the fake server's script is exhausted".to_owned());
     };
+    while let FakeReply::PerTurn { replies } = reply {
+        let turn = request_turn(&body);
+        let Some(chosen) = replies.get(turn).or(replies.last()).cloned() else {
+            return plain(500, "text/plain", "an empty per-turn script".to_owned());
+        };
+        reply = chosen;
+    }
     match reply {
         FakeReply::Stream { chunks, delay_ms, done } => {
             let mut frames: Vec<String> = chunks.iter().map(|chunk| format!("data: {chunk}\n\n")).collect();
@@ -180,7 +194,16 @@ async fn answer(State(state): State<Arc<FakeState>>, headers: HeaderMap, body: B
             plain(500, "text/plain", String::new())
         }
         FakeReply::Raw { status, content_type, body } => plain(status, &content_type, body),
+        FakeReply::PerTurn { .. } => plain(500, "text/plain", String::new()),
     }
+}
+
+/// How many assistant messages the request body holds.
+fn request_turn(body: &Bytes) -> usize {
+    let body: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    body.get("messages")
+        .and_then(Value::as_array)
+        .map_or(0, |messages| messages.iter().filter(|m| m["role"] == "assistant").count())
 }
 
 fn plain(status: u16, content_type: &str, body: String) -> Response {

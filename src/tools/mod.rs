@@ -1,14 +1,32 @@
 //! Built-in tools of the `troupe` binary.
 
+mod journal;
 mod text_stats;
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
+use serde::Deserialize;
 use troupe_actors::tool::{RegistryError, ToolRegistry};
 
+pub use journal::Journal;
 pub use text_stats::TextStats;
 
+/// Settings of the built-in tools.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ToolsConfig {
+    /// The file the `journal` tool appends to.
+    pub journal_path: PathBuf,
+}
+
+impl Default for ToolsConfig {
+    fn default() -> Self {
+        Self { journal_path: PathBuf::from("data/journal.log") }
+    }
+}
+
 /// The registry of built-in tools.
-pub fn builtin_registry() -> Result<ToolRegistry, RegistryError> {
-    ToolRegistry::new().with(Arc::new(TextStats))
+pub fn builtin_registry(config: &ToolsConfig) -> Result<ToolRegistry, RegistryError> {
+    ToolRegistry::new().with(Arc::new(TextStats))?.with(Arc::new(Journal { path: config.journal_path.clone() }))
 }

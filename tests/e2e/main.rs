@@ -2,6 +2,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod crash;
 mod demo;
 mod model;
 mod store;

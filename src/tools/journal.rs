@@ -1,0 +1,67 @@
+//! `journal`: appends a line to the agent's journal, a file the operator reads (one
+//! line per entry: time, the call's idempotency key, the text). It has an effect
+//! outside the run, so it is not idempotent: after a crash a call left `started`
+//! is reported interrupted, never written twice by troupe. The key on each line
+//! lets a reader spot a repeat a downstream retry could still cause.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use troupe_actors::tool::{Tool, ToolContext, ToolError, ToolOutput};
+
+/// Longest entry accepted, in bytes.
+const MAX_ENTRY: usize = 4096;
+
+/// The tool, writing to `path`.
+pub struct Journal {
+    /// The journal file (created with its folder on first write).
+    pub path: PathBuf,
+}
+
+#[async_trait]
+impl Tool for Journal {
+    fn name(&self) -> &str {
+        "journal"
+    }
+
+    fn description(&self) -> &str {
+        "Appends an entry to the agent's journal, which the operator reads. Use it to record a decision or an action taken."
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {"text": {"type": "string", "maxLength": MAX_ENTRY, "description": "The entry"}},
+            "required": ["text"],
+            "additionalProperties": false
+        })
+    }
+
+    fn describe_start(&self, _args: &Value) -> String {
+        "Writing to the journal".to_owned()
+    }
+
+    async fn call(&self, context: ToolContext, args: Value) -> Result<ToolOutput, ToolError> {
+        let text = args.get("text").and_then(Value::as_str).unwrap_or_default().replace(['\n', '\r', '\t'], " ");
+        let line = format!("{}\t{}\t{text}\n", chrono::Utc::now().to_rfc3339(), context.idempotency_key);
+        let path = self.path.clone();
+        let written = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent)?;
+            }
+            let mut file = std::fs::OpenOptions::new().create(true).append(true).open(&path)?;
+            file.write_all(line.as_bytes())?;
+            file.sync_data()
+        })
+        .await;
+        match written {
+            Ok(Ok(())) => Ok(ToolOutput::value(json!("written"))),
+            Ok(Err(error)) => {
+                Err(ToolError::failed("journal_unwritable", format!("the journal cannot be written: {error}")))
+            }
+            Err(_) => Err(ToolError::failed("journal_unwritable", "the journal writer stopped")),
+        }
+    }
+}

@@ -1,0 +1,174 @@
+//! The real binary killed with SIGKILL at seeded random moments while it runs
+//! agent runs that write a journal (a side effect) and measure text (idempotent),
+//! then restarted: no run is lost, every run ends, no journal entry is written
+//! twice, and every run's events are gap-free.
+//!
+//! `TROUPE_CRASH_SEED` replays a schedule; `TROUPE_CRASH_KILLS` sets the kills (30).
+
+use std::collections::HashMap;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use troupe::store::SqlStore;
+use troupe::testing::fake_openai::{FakeOpenAi, FakeReply, text_stream, tool_call_stream};
+use troupe_actors::protocol::{CallStatus, EventKind, RunStatus};
+use troupe_actors::store::{RunQuery, RunStore};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_survive_repeated_kill_9_without_loss_or_repeated_side_effects() {
+    let seed: u64 = std::env::var("TROUPE_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(20261123);
+    let kills: usize = std::env::var("TROUPE_CRASH_KILLS").ok().and_then(|s| s.parse().ok()).unwrap_or(30);
+    eprintln!("crash schedule: seed {seed}, {kills} kills (TROUPE_CRASH_SEED replays it)");
+    let mut rng = fastrand::Rng::with_seed(seed);
+
+    let dir = std::env::temp_dir().join(format!("troupe-crash-{seed}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("agents")).unwrap();
+    let journal = dir.join("journal.log");
+    let store_url = format!("sqlite://{}", dir.join("troupe.db").display());
+    std::fs::write(dir.join("troupe.toml"), format!("[tools]\njournal_path = {:?}\n", journal.display().to_string()))
+        .unwrap();
+    std::fs::write(
+        dir.join("agents").join("crash.toml"),
+        "name = \"crash\"\ninstructions = \"Record, then measure.\"\ntools = [\"journal\", \"text_stats\"]\n",
+    )
+    .unwrap();
+
+    // Turn 1: a journal entry (side effect) and a measurement (idempotent); turn 2:
+    // the answer. Chunks are spaced so kills land inside model calls too.
+    let mut act = tool_call_stream(
+        &[("j", "journal", r#"{"text": "paid invoice"}"#), ("m", "text_stats", r#"{"text": "a b b"}"#)],
+        4,
+    );
+    let mut answer = text_stream("All done.", 3);
+    for reply in [&mut act, &mut answer] {
+        if let FakeReply::Stream { delay_ms, .. } = reply {
+            *delay_ms = 15;
+        }
+    }
+    let server = FakeOpenAi::start(Vec::new(), Some(FakeReply::PerTurn { replies: vec![act, answer] })).await.unwrap();
+
+    let troupe = |args: &[&str]| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_troupe"));
+        command
+            .args(args)
+            .env("TROUPE_CONFIG", dir.join("troupe.toml"))
+            .env("TROUPE_AGENTS", dir.join("agents"))
+            .env("TROUPE_DATABASE_URL", &store_url)
+            .env("OPENAI_BASE_URL", server.base_url())
+            .env("TROUPE_MODEL", "fake")
+            .env_remove("OPENAI_API_KEY")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        command
+    };
+
+    for round in 0..kills {
+        let mut child = troupe(&["demo", "--agent", "crash", &format!("request {round}")]).spawn().unwrap();
+        tokio::time::sleep(Duration::from_millis(rng.u64(0..400))).await;
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+    // One last start without a kill drains every unfinished run.
+    let drained = tokio::task::spawn_blocking({
+        let mut command = troupe(&["resume"]);
+        move || command.stdout(Stdio::piped()).output().unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(drained.status.success(), "resume failed");
+
+    let store = SqlStore::connect(&store_url).await.unwrap();
+    let runs = store.list_runs(RunQuery { tenant: None, status: None, limit: 10_000 }).await.unwrap();
+    assert!(runs.len() >= kills / 2, "most starts got to submit their run: {} of {kills}", runs.len());
+    let lines = std::fs::read_to_string(&journal).unwrap_or_default();
+    let mut written: HashMap<String, usize> = HashMap::new();
+    for line in lines.lines() {
+        let key = line.split('\t').nth(1).unwrap().to_owned();
+        *written.entry(key).or_default() += 1;
+    }
+    assert!(written.values().all(|count| *count == 1), "a journal entry was written twice: {written:?}");
+
+    let mut interrupted = 0;
+    for run in &runs {
+        assert_eq!(run.status, RunStatus::Succeeded, "run {} ended {:?}: {:?}", run.run_id, run.status, run.reason);
+        let events = store.events_after(run.run_id, 0, 100_000).await.unwrap();
+        let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, (1..=events.len() as u64).collect::<Vec<_>>(), "gap-free seq in run {}", run.run_id);
+        assert!(matches!(events.last().map(|e| &e.kind), Some(EventKind::RunEnd { .. })));
+        let snapshot = store.load(run.run_id).await.unwrap().unwrap();
+        let journal_call = snapshot.tool_executions.iter().find(|r| r.tool == "journal").expect("the journal call");
+        let key = format!("{}:1:0", run.run_id);
+        match journal_call.status {
+            CallStatus::Completed => assert_eq!(written.get(&key), Some(&1), "a completed call wrote exactly once"),
+            CallStatus::Interrupted => interrupted += 1,
+            other => panic!("journal call ended {other:?}"),
+        }
+    }
+    eprintln!(
+        "{} runs, {} journal entries, {interrupted} calls cut off by a kill and reported interrupted",
+        runs.len(),
+        written.len()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_committed_model_reply_is_not_requested_again_after_kill_9() {
+    let dir = std::env::temp_dir().join(format!("troupe-reply-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("agents")).unwrap();
+    let journal = dir.join("journal.log");
+    let store_url = format!("sqlite://{}", dir.join("troupe.db").display());
+    std::fs::write(dir.join("troupe.toml"), format!("[tools]\njournal_path = {:?}\n", journal.display().to_string()))
+        .unwrap();
+    std::fs::write(dir.join("agents").join("crash.toml"), "name = \"crash\"\ntools = [\"journal\"]\n").unwrap();
+    // Turn 1 acts; the first ask for turn 2 never gets an answer (the process is
+    // killed while it waits); the second does.
+    let act = tool_call_stream(&[("j", "journal", r#"{"text": "paid"}"#)], 2);
+    let server = FakeOpenAi::start(vec![act, FakeReply::Hang, text_stream("Done.", 1)], None).await.unwrap();
+    let troupe = |args: &[&str]| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_troupe"));
+        command
+            .args(args)
+            .env("TROUPE_CONFIG", dir.join("troupe.toml"))
+            .env("TROUPE_AGENTS", dir.join("agents"))
+            .env("TROUPE_DATABASE_URL", &store_url)
+            .env("OPENAI_BASE_URL", server.base_url())
+            .env("TROUPE_MODEL", "fake")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        command
+    };
+
+    let mut child = troupe(&["demo", "--agent", "crash", "pay"]).spawn().unwrap();
+    // Turn 2's request means turn 1's reply and its tool call are committed.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while server.requests().len() < 2 {
+        assert!(std::time::Instant::now() < deadline, "turn 2 was never requested");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let resumed = tokio::task::spawn_blocking({
+        let mut command = troupe(&["resume"]);
+        move || command.output().unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(resumed.status.success());
+
+    let turns_asked: Vec<usize> = server
+        .requests()
+        .iter()
+        .map(|r| r.body["messages"].as_array().unwrap().iter().filter(|m| m["role"] == "assistant").count())
+        .collect();
+    assert_eq!(turns_asked, vec![0, 1, 1], "turn 1 was asked once; only the unanswered turn 2 was asked again");
+    assert_eq!(std::fs::read_to_string(&journal).unwrap().lines().count(), 1);
+    let store = SqlStore::connect(&store_url).await.unwrap();
+    let runs = store.list_runs(RunQuery { tenant: None, status: None, limit: 10 }).await.unwrap();
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].status, RunStatus::Succeeded);
+    assert_eq!(runs[0].final_output.as_deref(), Some("Done."));
+    let _ = std::fs::remove_dir_all(&dir);
+}
