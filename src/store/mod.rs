@@ -198,6 +198,12 @@ fn parse_all<T: DeserializeOwned>(bodies: Result<Vec<String>, sqlx::Error>) -> R
     bodies.map_err(backend)?.iter().map(|body| parse(body)).collect()
 }
 
+/// A stored time: RFC 3339 in UTC with a fixed width (microseconds, `Z`), so that
+/// comparing the text compares the times (retention relies on it).
+fn stamp(time: DateTime<Utc>) -> String {
+    time.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+}
+
 fn time(text: &str) -> Result<DateTime<Utc>, StoreError> {
     DateTime::parse_from_rfc3339(text)
         .map(|time| time.with_timezone(&Utc))
@@ -267,7 +273,7 @@ impl SqlStore {
                     sqlx::raw_sql(*sql).execute(&mut *tx).await.map_err(backend)?;
                     sqlx::query("INSERT INTO troupe_migrations (version, applied_at) VALUES ($1, $2)")
                         .bind(*version)
-                        .bind(Utc::now().to_rfc3339())
+                        .bind(stamp(Utc::now()))
                         .execute(&mut *tx)
                         .await
                         .map_err(backend)?;
@@ -355,8 +361,8 @@ impl RunStore for SqlStore {
             .bind(json(&run.usage)?)
             .bind(&run.final_output)
             .bind(events.len() as i64)
-            .bind(run.created_at.to_rfc3339())
-            .bind(run.updated_at.to_rfc3339())
+            .bind(stamp(run.created_at))
+            .bind(stamp(run.updated_at))
             .execute(&mut *tx)
             .await
             .map_err(backend)?;
@@ -373,7 +379,7 @@ impl RunStore for SqlStore {
     async fn commit(&self, commit: &Commit) -> Result<(), StoreError> {
         let run_id = commit.run_id;
         let id = run_id.to_string();
-        let now = Utc::now().to_rfc3339();
+        let now = stamp(Utc::now());
         // The seq the events continue from; a commit without events checks none.
         let expected = commit.events.first().map(|event| event.seq.saturating_sub(1));
         if let Some(expected) = expected {
@@ -528,7 +534,7 @@ impl RunStore for SqlStore {
                 "DELETE FROM runs WHERE run_id IN (SELECT run_id FROM runs \
                  WHERE status IN ('succeeded', 'failed', 'cancelled') AND updated_at < $1 ORDER BY updated_at LIMIT $2)",
             )
-            .bind(before.to_rfc3339())
+            .bind(stamp(before))
             .bind(limit.min(i64::MAX as usize) as i64)
             .execute(pool)
             .await
