@@ -44,6 +44,10 @@ pub async fn run(
         } else if let Some(text) = render(&event) {
             println!("{text}");
         }
+        if matches!(event.kind, EventKind::WaitingInput { .. }) {
+            // The demo has no way to answer; the run stays parked in the store.
+            break;
+        }
     }
     let status = runtime.get(run_id).await?.map_or(RunStatus::Failed, |run| run.status);
     runtime.shutdown(Duration::from_secs(5)).await;
@@ -65,10 +69,8 @@ pub async fn resume(
     let runtime = Runtime::start(config, deps).await?;
     let mut ended = Vec::with_capacity(unfinished.len());
     for run_id in unfinished {
-        // A parked run waits for input, not for us.
-        let parked = runtime.get(run_id).await?.is_some_and(|run| run.status == RunStatus::WaitingInput);
-        let status = if parked { RunStatus::WaitingInput } else { runtime.wait(run_id).await?.status };
-        ended.push((run_id, status));
+        // A run that parks on a question waits for input, not for us.
+        ended.push((run_id, runtime.wait_settled(run_id).await?.status));
     }
     runtime.shutdown(Duration::from_secs(5)).await;
     Ok(ended)

@@ -84,28 +84,48 @@ fn load_agents(folder: Option<&std::path::Path>) -> anyhow::Result<Vec<troupe_ac
     let Some(folder) = folder else { return Ok(agents) };
     let mut files: Vec<PathBuf> = std::fs::read_dir(folder)
         .with_context(|| format!("cannot read the agents folder {}", folder.display()))?
-        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+        .map(|entry| entry.map(|entry| entry.path()))
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("cannot list the agents folder {}", folder.display()))?
+        .into_iter()
         .filter(|path| path.extension().is_some_and(|ext| ext == "toml"))
         .collect();
     files.sort();
     for path in files {
         let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
         let agent = parse_agent(&path.display().to_string(), &text)?;
+        if agent.name != "default" && agents.iter().any(|known| known.name == agent.name) {
+            anyhow::bail!("agent {} is defined twice (again in {})", agent.name, path.display());
+        }
         agents.retain(|known| known.name != agent.name);
         agents.push(agent);
     }
     Ok(agents)
 }
 
-/// `url` without its password, for messages.
+/// `url` without its password (in the authority or a `password=` parameter), for
+/// messages.
 fn redact_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
+    let (base, query) = url.split_once('?').map_or((url, None), |(base, query)| (base, Some(query)));
+    let base = match (base.find("://"), base.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => {
-            let credentials = &url[scheme + 3..at];
-            let user = credentials.split(':').next().unwrap_or_default();
-            format!("{}{user}:***{}", &url[..scheme + 3], &url[at..])
+            let user = base[scheme + 3..at].split(':').next().unwrap_or_default();
+            format!("{}{user}:***{}", &base[..scheme + 3], &base[at..])
         }
-        _ => url.to_owned(),
+        _ => base.to_owned(),
+    };
+    match query {
+        None => base,
+        Some(query) => {
+            let pairs: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((key, _)) if key.eq_ignore_ascii_case("password") => format!("{key}=***"),
+                    _ => pair.to_owned(),
+                })
+                .collect();
+            format!("{base}?{}", pairs.join("&"))
+        }
     }
 }
 
@@ -118,7 +138,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         None => None,
     };
     let mut config = Config::parse(overlay.as_ref().map(|(origin, text)| (origin.as_str(), text.as_str())))?;
-    if let Ok(url) = std::env::var("TROUPE_DATABASE_URL") {
+    if let Some(url) = std::env::var("TROUPE_DATABASE_URL").ok().filter(|url| !url.trim().is_empty()) {
         config.store.url = url;
     }
     let agents = load_agents(cli.agents.as_deref())?;
@@ -159,7 +179,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let age = chrono::Duration::try_seconds((days * 86_400.0) as i64)
                 .filter(|_| days.is_finite() && days >= 0.0)
                 .context("the retention period must be a non-negative number of days")?;
-            let before = chrono::Utc::now() - age;
+            let before = chrono::Utc::now()
+                .checked_sub_signed(age)
+                .context("the retention period reaches past the earliest representable date")?;
             let batch = config.store.gc_batch.max(1);
             let mut deleted = 0;
             loop {
@@ -172,5 +194,20 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("deleted {deleted} finished run(s) older than {days} day(s)");
             Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_url;
+
+    #[test]
+    fn passwords_are_masked_in_the_authority_and_the_query() {
+        assert_eq!(redact_url("postgres://app:s3cret@db:5432/runs"), "postgres://app:***@db:5432/runs");
+        assert_eq!(
+            redact_url("postgres://db/runs?sslmode=require&password=s3cret"),
+            "postgres://db/runs?sslmode=require&password=***"
+        );
+        assert_eq!(redact_url("sqlite://data/troupe.db"), "sqlite://data/troupe.db");
     }
 }

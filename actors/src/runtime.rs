@@ -345,6 +345,37 @@ impl Runtime {
         ractor::call!(self.supervisor, |reply| SupervisorMsg::Session { run_id, reply })
     }
 
+    /// Waits until the run ends or parks on a question, and returns its record.
+    /// It also returns when the run has no live session here (it cannot move on).
+    pub async fn wait_settled(&self, run_id: RunId) -> Result<RunRecord, StoreError> {
+        let mut events = self.subscribe(run_id, 0);
+        let mut check = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                event = events.next() => match event {
+                    None => break,
+                    Some(event) => {
+                        // A `waiting_input` in the history may have been answered since.
+                        if matches!(event?.kind, EventKind::WaitingInput { .. }) && self.is_parked(run_id).await? {
+                            break;
+                        }
+                    }
+                },
+                _ = check.tick() => {
+                    let live = matches!(self.session(run_id).await, Ok(Some(_)));
+                    if !live || self.is_parked(run_id).await? {
+                        break;
+                    }
+                }
+            }
+        }
+        self.shared.store.get_run(run_id).await?.ok_or(StoreError::NotFound(run_id))
+    }
+
+    async fn is_parked(&self, run_id: RunId) -> Result<bool, StoreError> {
+        Ok(self.shared.store.get_run(run_id).await?.is_some_and(|run| run.status == RunStatus::WaitingInput))
+    }
+
     /// Runs with a live session.
     pub async fn active_runs(&self) -> usize {
         ractor::call!(self.supervisor, |reply| SupervisorMsg::ActiveRuns { reply }).unwrap_or(0)

@@ -10,6 +10,7 @@
 //! run's row until the commit.
 
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -179,6 +180,27 @@ macro_rules! why_refused {
 #[derive(Clone)]
 pub struct SqlStore {
     pool: Pool,
+    /// This process's exclusive claim on the store, held while any clone lives.
+    _owner: Arc<Owner>,
+}
+
+/// What makes a process the only one driving a store's runs: every process
+/// resumes every unfinished run, so two on one store would run the same runs (and
+/// their side effects) twice. SQLite: an OS lock on `PATH.lock`; PostgreSQL: a
+/// session advisory lock. Both vanish with the process, also on `kill -9`.
+#[allow(dead_code)]
+enum Owner {
+    File(std::fs::File),
+    Postgres(std::sync::Mutex<sqlx::pool::PoolConnection<sqlx::Postgres>>),
+}
+
+/// The advisory lock key of a troupe store ("troupe" in ASCII).
+const OWNER_LOCK: i64 = 0x74_72_6f_75_70_65;
+
+fn already_owned(what: &str) -> StoreError {
+    StoreError::Backend(format!(
+        "another troupe process is using {what}; one process drives a store at a time (stop it, or use another store)"
+    ))
 }
 
 fn backend(error: sqlx::Error) -> StoreError {
@@ -214,7 +236,7 @@ impl SqlStore {
     /// Connects to `url` (`sqlite://PATH` or `postgres://…`) and applies the
     /// migrations. A SQLite file and its folder are created if missing.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let pool = if url.starts_with("sqlite:") {
+        let (pool, owner) = if url.starts_with("sqlite:") {
             let options = SqliteConnectOptions::from_str(url)
                 .map_err(backend)?
                 .create_if_missing(true)
@@ -228,19 +250,35 @@ impl SqlStore {
                 std::fs::create_dir_all(parent)
                     .map_err(|error| StoreError::Backend(format!("cannot create {}: {error}", parent.display())))?;
             }
+            let lock_path = format!("{}.lock", options.get_filename().display());
+            let lock = std::fs::File::create(&lock_path)
+                .map_err(|error| StoreError::Backend(format!("cannot create {lock_path}: {error}")))?;
+            if lock.try_lock().is_err() {
+                return Err(already_owned(&options.get_filename().display().to_string()));
+            }
             let pool = SqlitePoolOptions::new().max_connections(4).acquire_timeout(Duration::from_secs(10));
-            Pool::Sqlite(pool.connect_with(options).await.map_err(backend)?)
+            (Pool::Sqlite(pool.connect_with(options).await.map_err(backend)?), Owner::File(lock))
         } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
             // One plain connection first: a server that is down or refuses us fails
             // at once with its own reason, not with a pool timeout.
             let probe = <sqlx::PgConnection as sqlx::Connection>::connect(url).await.map_err(backend)?;
             sqlx::Connection::close(probe).await.map_err(backend)?;
             let pool = PgPoolOptions::new().max_connections(16).acquire_timeout(Duration::from_secs(10));
-            Pool::Postgres(pool.connect(url).await.map_err(backend)?)
+            let pool = pool.connect(url).await.map_err(backend)?;
+            let mut owner = pool.acquire().await.map_err(backend)?;
+            let owned: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+                .bind(OWNER_LOCK)
+                .fetch_one(&mut *owner)
+                .await
+                .map_err(backend)?;
+            if !owned {
+                return Err(already_owned("this PostgreSQL database"));
+            }
+            (Pool::Postgres(pool), Owner::Postgres(std::sync::Mutex::new(owner)))
         } else {
             return Err(StoreError::Backend(format!("unsupported store URL {url:?}: use sqlite://… or postgres://…")));
         };
-        let store = Self { pool };
+        let store = Self { pool, _owner: Arc::new(owner) };
         store.migrate().await?;
         Ok(store)
     }
@@ -435,8 +473,14 @@ impl RunStore for SqlStore {
 
     async fn load(&self, run_id: RunId) -> Result<Option<RunSnapshot>, StoreError> {
         let id = run_id.to_string();
-        with_pool!(self, |pool, _postgres| {
-            let mut tx = pool.begin().await.map_err(backend)?;
+        with_pool!(self, |pool, postgres| {
+            // One consistent view for every table read (SQLite's read transaction is one).
+            let mut tx = if postgres {
+                pool.begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY").await
+            } else {
+                pool.begin().await
+            }
+            .map_err(backend)?;
             let sql = sqlx::AssertSqlSafe(format!("SELECT {RUN_COLUMNS}, last_seq FROM runs WHERE run_id = $1"));
             let Some(row) = sqlx::query(sql).bind(&id).fetch_optional(&mut *tx).await.map_err(backend)? else {
                 return Ok(None);

@@ -300,3 +300,17 @@ async fn an_unsupported_url_is_refused_clearly() {
     };
     assert!(error.contains("use sqlite://… or postgres://…"), "{error}");
 }
+
+#[tokio::test]
+async fn one_process_drives_a_store_at_a_time() {
+    let (first, dir) = sqlite().await;
+    let url = format!("sqlite://{}", dir.join("nested").join("troupe.db").display());
+    let refused = match SqlStore::connect(&url).await {
+        Ok(_) => panic!("a second owner was let in"),
+        Err(error) => error.to_string(),
+    };
+    assert!(refused.contains("another troupe process is using"), "{refused}");
+    drop(first);
+    SqlStore::connect(&url).await.expect("the store is free again once its owner is gone");
+    let _ = std::fs::remove_dir_all(dir);
+}
