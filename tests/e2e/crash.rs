@@ -21,18 +21,8 @@ async fn runs_survive_repeated_kill_9_without_loss_or_repeated_side_effects() {
     eprintln!("crash schedule: seed {seed}, {kills} kills (TROUPE_CRASH_SEED replays it)");
     let mut rng = fastrand::Rng::with_seed(seed);
 
-    let dir = std::env::temp_dir().join(format!("troupe-crash-{seed}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(dir.join("agents")).unwrap();
-    let journal = dir.join("journal.log");
-    let store_url = format!("sqlite://{}", dir.join("troupe.db").display());
-    std::fs::write(dir.join("troupe.toml"), format!("[tools]\njournal_path = {:?}\n", journal.display().to_string()))
-        .unwrap();
-    std::fs::write(
-        dir.join("agents").join("crash.toml"),
-        "name = \"crash\"\ninstructions = \"Record, then measure.\"\ntools = [\"journal\", \"text_stats\"]\n",
-    )
-    .unwrap();
+    let sandbox = Sandbox::new(&format!("crash-{seed}"), r#"["journal", "text_stats"]"#);
+    let (dir, journal, store_url) = (&sandbox.dir, &sandbox.journal, &sandbox.store_url);
 
     // Turn 1: a journal entry (side effect) and a measurement (idempotent); turn 2:
     // the answer. Chunks are spaced so kills land inside model calls too.
@@ -48,20 +38,7 @@ async fn runs_survive_repeated_kill_9_without_loss_or_repeated_side_effects() {
     }
     let server = FakeOpenAi::start(Vec::new(), Some(FakeReply::PerTurn { replies: vec![act, answer] })).await.unwrap();
 
-    let troupe = |args: &[&str]| {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_troupe"));
-        command
-            .args(args)
-            .env("TROUPE_CONFIG", dir.join("troupe.toml"))
-            .env("TROUPE_AGENTS", dir.join("agents"))
-            .env("TROUPE_DATABASE_URL", &store_url)
-            .env("OPENAI_BASE_URL", server.base_url())
-            .env("TROUPE_MODEL", "fake")
-            .env_remove("OPENAI_API_KEY")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        command
-    };
+    let troupe = |args: &[&str]| sandbox.troupe(&server, args);
 
     for round in 0..kills {
         let request = format!("request {round}");
@@ -80,10 +57,10 @@ async fn runs_survive_repeated_kill_9_without_loss_or_repeated_side_effects() {
     // One last start without a kill drains every unfinished run.
     finish(troupe(&["resume"])).await;
 
-    let store = SqlStore::connect(&store_url).await.unwrap();
+    let store = SqlStore::connect(store_url).await.unwrap();
     let runs = store.list_runs(RunQuery { tenant: None, status: None, limit: 10_000 }).await.unwrap();
     assert_eq!(runs.len(), kills, "every submitted run is kept");
-    let lines = std::fs::read_to_string(&journal).unwrap_or_default();
+    let lines = std::fs::read_to_string(journal).unwrap_or_default();
     let mut written: HashMap<String, usize> = HashMap::new();
     for line in lines.lines() {
         let key = line.split('\t').nth(1).unwrap().to_owned();
@@ -112,37 +89,18 @@ async fn runs_survive_repeated_kill_9_without_loss_or_repeated_side_effects() {
         runs.len(),
         written.len()
     );
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_committed_model_reply_is_not_requested_again_after_kill_9() {
-    let dir = std::env::temp_dir().join(format!("troupe-reply-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(dir.join("agents")).unwrap();
-    let journal = dir.join("journal.log");
-    let store_url = format!("sqlite://{}", dir.join("troupe.db").display());
-    std::fs::write(dir.join("troupe.toml"), format!("[tools]\njournal_path = {:?}\n", journal.display().to_string()))
-        .unwrap();
-    std::fs::write(dir.join("agents").join("crash.toml"), "name = \"crash\"\ntools = [\"journal\"]\n").unwrap();
+    let sandbox = Sandbox::new("reply", r#"["journal"]"#);
+    let (dir, journal, store_url) = (&sandbox.dir, &sandbox.journal, &sandbox.store_url);
     // Turn 1 acts; the first ask for turn 2 never gets an answer (the process is
     // killed while it waits); the second does.
     let act = tool_call_stream(&[("j", "journal", r#"{"text": "paid"}"#)], 2);
     let server = FakeOpenAi::start(vec![act, FakeReply::Hang, text_stream("Done.", 1)], None).await.unwrap();
-    let troupe = |args: &[&str]| {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_troupe"));
-        command
-            .args(args)
-            .env("TROUPE_CONFIG", dir.join("troupe.toml"))
-            .env("TROUPE_AGENTS", dir.join("agents"))
-            .env("TROUPE_DATABASE_URL", &store_url)
-            .env("OPENAI_BASE_URL", server.base_url())
-            .env("TROUPE_MODEL", "fake")
-            .env_remove("OPENAI_API_KEY")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        command
-    };
+    let troupe = |args: &[&str]| sandbox.troupe(&server, args);
 
     let mut child = troupe(&["demo", "--agent", "crash", "pay"]).spawn().unwrap();
     // Turn 2's request means turn 1's reply and its tool call are committed.
@@ -161,13 +119,13 @@ async fn a_committed_model_reply_is_not_requested_again_after_kill_9() {
         .map(|r| r.body["messages"].as_array().unwrap().iter().filter(|m| m["role"] == "assistant").count())
         .collect();
     assert_eq!(turns_asked, vec![0, 1, 1], "turn 1 was asked once; only the unanswered turn 2 was asked again");
-    assert_eq!(std::fs::read_to_string(&journal).unwrap().lines().count(), 1);
-    let store = SqlStore::connect(&store_url).await.unwrap();
+    assert_eq!(std::fs::read_to_string(journal).unwrap().lines().count(), 1);
+    let store = SqlStore::connect(store_url).await.unwrap();
     let runs = store.list_runs(RunQuery { tenant: None, status: None, limit: 10 }).await.unwrap();
     assert_eq!(runs.len(), 1);
     assert_eq!(runs[0].status, RunStatus::Succeeded);
     assert_eq!(runs[0].final_output.as_deref(), Some("Done."));
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// Runs `command` to its end, within a minute, and checks it succeeded.
@@ -184,5 +142,44 @@ async fn finish(mut command: Command) {
             panic!("{command:?} did not finish within a minute");
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A folder with a store, a journal, a config and a `crash` agent, for one test.
+struct Sandbox {
+    dir: std::path::PathBuf,
+    journal: std::path::PathBuf,
+    store_url: String,
+}
+
+impl Sandbox {
+    /// `tools`: the agent's tool list, as TOML.
+    fn new(name: &str, tools: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("troupe-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("agents")).unwrap();
+        let journal = dir.join("journal.log");
+        let store_url = format!("sqlite://{}", dir.join("troupe.db").display());
+        let config = format!("[tools]\njournal_path = {:?}\n", journal.display().to_string());
+        std::fs::write(dir.join("troupe.toml"), config).unwrap();
+        let agent = format!("name = \"crash\"\ninstructions = \"Record, then measure.\"\ntools = {tools}\n");
+        std::fs::write(dir.join("agents").join("crash.toml"), agent).unwrap();
+        Self { dir, journal, store_url }
+    }
+
+    /// The binary, on this sandbox, with `server` as its model.
+    fn troupe(&self, server: &FakeOpenAi, args: &[&str]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_troupe"));
+        command
+            .args(args)
+            .env("TROUPE_CONFIG", self.dir.join("troupe.toml"))
+            .env("TROUPE_AGENTS", self.dir.join("agents"))
+            .env("TROUPE_DATABASE_URL", &self.store_url)
+            .env("OPENAI_BASE_URL", server.base_url())
+            .env("TROUPE_MODEL", "fake")
+            .env_remove("OPENAI_API_KEY")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        command
     }
 }
