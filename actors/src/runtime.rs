@@ -248,21 +248,8 @@ impl Runtime {
         };
         let run_id = RunId::new();
         let now = Utc::now();
-        let record = RunRecord {
-            run_id,
-            tenant,
-            parent_run_id,
-            agent: spec.agent.clone(),
-            input: spec.input.clone(),
-            limits,
-            status: RunStatus::Running,
-            reason: None,
-            turn: 0,
-            usage: Default::default(),
-            final_output: None,
-            created_at: now,
-            updated_at: now,
-        };
+        let mut record = RunRecord::accepted(run_id, tenant, spec.agent.clone(), spec.input.clone(), limits, now);
+        record.parent_run_id = parent_run_id;
         let started = RunEvent {
             run_id,
             seq: 1,

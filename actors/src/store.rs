@@ -45,6 +45,34 @@ pub struct RunRecord {
     pub updated_at: DateTime<Utc>,
 }
 
+impl RunRecord {
+    /// A run just accepted: `running`, turn 0, nothing spent, created `now`.
+    pub fn accepted(
+        run_id: RunId,
+        tenant: String,
+        agent: String,
+        input: String,
+        limits: Limits,
+        now: DateTime<Utc>,
+    ) -> Self {
+        Self {
+            run_id,
+            tenant,
+            parent_run_id: None,
+            agent,
+            input,
+            limits,
+            status: RunStatus::Running,
+            reason: None,
+            turn: 0,
+            usage: Usage::default(),
+            final_output: None,
+            created_at: now,
+            updated_at: now,
+        }
+    }
+}
+
 /// A conversation message with the turn it belongs to.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StoredMessage {
@@ -357,21 +385,7 @@ mod tests {
     use crate::protocol::EventKind;
 
     fn record(run_id: RunId) -> RunRecord {
-        RunRecord {
-            run_id,
-            tenant: "t".into(),
-            parent_run_id: None,
-            agent: "a".into(),
-            input: "i".into(),
-            limits: Limits::default(),
-            status: RunStatus::Running,
-            reason: None,
-            turn: 0,
-            usage: Usage::default(),
-            final_output: None,
-            created_at: Utc::now(),
-            updated_at: Utc::now(),
-        }
+        RunRecord::accepted(run_id, "t".into(), "a".into(), "i".into(), Limits::default(), Utc::now())
     }
 
     fn event(run_id: RunId, seq: u64, kind: EventKind) -> RunEvent {

@@ -51,21 +51,8 @@ async fn postgres() -> Option<SqlStore> {
 }
 
 fn record(run_id: RunId, tenant: &str) -> RunRecord {
-    RunRecord {
-        run_id,
-        tenant: tenant.into(),
-        parent_run_id: None,
-        agent: "agent".into(),
-        input: "question ✓".into(),
-        limits: Limits { max_tokens: Some(1000), ..Limits::default() },
-        status: RunStatus::Running,
-        reason: None,
-        turn: 0,
-        usage: Usage::default(),
-        final_output: None,
-        created_at: Utc::now(),
-        updated_at: Utc::now(),
-    }
+    let limits = Limits { max_tokens: Some(1000), ..Limits::default() };
+    RunRecord::accepted(run_id, tenant.into(), "agent".into(), "question ✓".into(), limits, Utc::now())
 }
 
 fn event(run_id: RunId, seq: u64, kind: EventKind) -> RunEvent {
