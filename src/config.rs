@@ -1,13 +1,16 @@
 //! The daemon's configuration: `config/default.toml` (embedded in the binary, so
-//! it runs from any directory) overlaid with an optional user file. Unknown keys
-//! are errors. This module parses; only `main.rs` reads files.
+//! it runs from any directory) overlaid with an optional user file, then with
+//! `TROUPE_*` environment variables. Unknown keys are errors. This module parses;
+//! only `main.rs` reads files and the environment.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use troupe_actors::config::{AgentConfig, RuntimeConfig};
 
 use crate::llm::{ModelConfig, ProviderConfig};
+use crate::server::{AuthConfig, ServerConfig};
 use crate::tools::ToolsConfig;
 
 /// The embedded defaults; every key is documented there.
@@ -17,9 +20,15 @@ pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 pub const DEFAULT_AGENT_TOML: &str = include_str!("../config/agents/default.toml");
 
 /// Everything `troupe` reads from its config file.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
+    /// Where the SQLite store and tool files live, unless they name other places.
+    pub data_dir: PathBuf,
+    /// The HTTP server of `troupe serve`.
+    pub server: ServerConfig,
+    /// Who may call the API.
+    pub auth: AuthConfig,
     /// The actor runtime.
     pub runtime: RuntimeConfig,
     /// OpenAI-compatible providers by name.
@@ -35,12 +44,29 @@ pub struct Config {
     pub tools: ToolsConfig,
 }
 
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            data_dir: PathBuf::from("data"),
+            server: ServerConfig::default(),
+            auth: AuthConfig::default(),
+            runtime: RuntimeConfig::default(),
+            providers: BTreeMap::new(),
+            models: BTreeMap::new(),
+            default_model: None,
+            store: StoreConfig::default(),
+            tools: ToolsConfig::default(),
+        }
+    }
+}
+
 /// Where runs are kept, and for how long.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StoreConfig {
-    /// `sqlite://PATH` or `postgres://…`; `TROUPE_DATABASE_URL` overrides it.
-    pub url: String,
+    /// `sqlite://PATH` or `postgres://…`; without it, `troupe.db` in the data dir.
+    /// `TROUPE_DATABASE_URL` overrides it.
+    pub url: Option<String>,
     /// Days a finished run is kept before `troupe gc` deletes it.
     pub retention_days: f64,
     /// Runs deleted per statement by `troupe gc`.
@@ -49,7 +75,7 @@ pub struct StoreConfig {
 
 impl Default for StoreConfig {
     fn default() -> Self {
-        Self { url: "sqlite://data/troupe.db".to_owned(), retention_days: 30.0, gc_batch: 500 }
+        Self { url: None, retention_days: 30.0, gc_batch: 500 }
     }
 }
 
@@ -66,19 +92,111 @@ pub enum ConfigError {
     },
 }
 
+/// Environment variables that set a key directly, with the key they set.
+const ENV_SHORTCUTS: &[(&str, &str)] =
+    &[("TROUPE_BIND", "server.bind"), ("TROUPE_DATA_DIR", "data_dir"), ("TROUPE_DATABASE_URL", "store.url")];
+
+/// Environment variables with the `TROUPE_` prefix that are not config keys.
+const ENV_NOT_KEYS: &[&str] = &[
+    "TROUPE_CONFIG",
+    "TROUPE_AGENTS",
+    "TROUPE_LOG",
+    "TROUPE_MODEL",
+    "TROUPE_API_TOKENS",
+    "TROUPE_URL",
+    "TROUPE_TOKEN",
+];
+
 impl Config {
     /// The defaults overlaid with `overlay` (the text of a user file, if any).
     pub fn parse(overlay: Option<(&str, &str)>) -> Result<Self, ConfigError> {
-        let mut merged = parse_table("config/default.toml", DEFAULT_TOML)?;
-        if let Some((origin, text)) = overlay {
-            merge(&mut merged, parse_table(origin, text)?);
-        }
-        let origin = overlay.map_or("config/default.toml", |(origin, _)| origin);
-        toml::Value::Table(merged).try_into().map_err(|error: toml::de::Error| ConfigError::Invalid {
-            origin: origin.to_owned(),
-            message: error.to_string(),
-        })
+        Self::load(overlay, std::iter::empty())
     }
+
+    /// The defaults overlaid with `overlay`, then with the `TROUPE_*` variables of
+    /// `env`: the shortcuts `TROUPE_BIND`, `TROUPE_DATA_DIR` and
+    /// `TROUPE_DATABASE_URL`, and any key spelled as its path in capitals with `__`
+    /// between levels (`TROUPE_RUNTIME__MAX_ACTIVE_RUNS=8`,
+    /// `TROUPE_SERVER__MAX_BODY_BYTES=65536`). A value is read as TOML (a number, a
+    /// boolean, an array) when it parses as one, else as a string.
+    pub fn load(
+        overlay: Option<(&str, &str)>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
+        let mut merged = parse_table("config/default.toml", DEFAULT_TOML)?;
+        let mut origin = "config/default.toml".to_owned();
+        if let Some((file, text)) = overlay {
+            merge(&mut merged, parse_table(file, text)?);
+            file.clone_into(&mut origin);
+        }
+        let mut from_env = Vec::new();
+        for (name, value) in env {
+            let Some(path) = env_key(&name) else { continue };
+            if value.trim().is_empty() {
+                continue;
+            }
+            set_path(&mut merged, &path, env_value(&value)).map_err(|message| ConfigError::Invalid {
+                origin: format!("environment variable {name}"),
+                message,
+            })?;
+            from_env.push(name);
+        }
+        if !from_env.is_empty() {
+            origin = format!("{origin} with {}", from_env.join(", "));
+        }
+        toml::Value::Table(merged)
+            .try_into()
+            .map_err(|error: toml::de::Error| ConfigError::Invalid { origin, message: error.to_string() })
+    }
+
+    /// The store's URL: the configured one, else `troupe.db` in the data dir.
+    pub fn store_url(&self) -> String {
+        match &self.store.url {
+            Some(url) => url.clone(),
+            None => format!("sqlite://{}", self.data_dir.join("troupe.db").display()),
+        }
+    }
+
+    /// `path` if absolute, else under the data dir.
+    pub fn in_data_dir(&self, path: &Path) -> PathBuf {
+        if path.is_absolute() { path.to_path_buf() } else { self.data_dir.join(path) }
+    }
+}
+
+/// The config key an environment variable sets, as a path, if it sets one.
+fn env_key(name: &str) -> Option<Vec<String>> {
+    if let Some((_, key)) = ENV_SHORTCUTS.iter().find(|(var, _)| *var == name) {
+        return Some(key.split('.').map(str::to_owned).collect());
+    }
+    let rest = name.strip_prefix("TROUPE_")?;
+    if ENV_NOT_KEYS.contains(&name) || rest.is_empty() {
+        return None;
+    }
+    Some(rest.split("__").map(str::to_ascii_lowercase).collect())
+}
+
+/// An environment value as TOML when it reads as a TOML value, else as a string.
+fn env_value(value: &str) -> toml::Value {
+    format!("v = {value}")
+        .parse::<toml::Table>()
+        .ok()
+        .and_then(|mut table| table.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(value.to_owned()))
+}
+
+/// Sets `path` in `table`, creating tables on the way.
+fn set_path(table: &mut toml::Table, path: &[String], value: toml::Value) -> Result<(), String> {
+    let Some((last, parents)) = path.split_last() else { return Err("empty key".to_owned()) };
+    let mut current = table;
+    for key in parents {
+        let entry = current.entry(key.clone()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        current = match entry {
+            toml::Value::Table(inner) => inner,
+            _ => return Err(format!("{key} is not a table")),
+        };
+    }
+    current.insert(last.clone(), value);
+    Ok(())
 }
 
 /// Parses an agent file.
@@ -125,6 +243,37 @@ mod tests {
     fn unknown_keys_are_rejected_with_the_file_and_key() {
         let error = Config::parse(Some(("user.toml", "[runtime]\nmax_active_run = 3\n"))).unwrap_err().to_string();
         assert!(error.starts_with("user.toml:") && error.contains("max_active_run"), "{error}");
+    }
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs.iter().map(|(name, value)| ((*name).to_owned(), (*value).to_owned())).collect()
+    }
+
+    #[test]
+    fn environment_variables_override_the_file() {
+        let file = "[server]\nbind = \"0.0.0.0:1\"\n[runtime]\nmax_active_runs = 3\n";
+        let config = Config::load(
+            Some(("user.toml", file)),
+            env(&[
+                ("TROUPE_BIND", "127.0.0.1:9000"),
+                ("TROUPE_DATA_DIR", "/var/lib/troupe"),
+                ("TROUPE_RUNTIME__MAX_ACTIVE_RUNS", "8"),
+                ("TROUPE_SERVER__SSE_KEEP_ALIVE", "2.5"),
+                ("TROUPE_LOG", "debug"),
+                ("PATH", "/bin"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(config.server.bind, "127.0.0.1:9000");
+        assert_eq!(config.runtime.max_active_runs, 8);
+        assert_eq!(config.server.sse_keep_alive, 2.5);
+        assert_eq!(config.store_url(), "sqlite:///var/lib/troupe/troupe.db");
+    }
+
+    #[test]
+    fn an_unknown_environment_key_is_rejected_by_name() {
+        let error = Config::load(None, env(&[("TROUPE_SERVER__BINDD", "x")])).unwrap_err().to_string();
+        assert!(error.contains("TROUPE_SERVER__BINDD") && error.contains("bindd"), "{error}");
     }
 
     #[test]

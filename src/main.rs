@@ -12,8 +12,17 @@ use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 use troupe_actors::protocol::RunStatus;
 
+use std::io::IsTerminal;
+
+use tokio_util::sync::CancellationToken;
+use troupe::client::Client;
 use troupe::config::{Config, DEFAULT_AGENT_TOML, parse_agent};
+use troupe::daemon::Daemon;
 use troupe::demo;
+use troupe::server::Auth;
+use troupe::server::api_types::RunView;
+use troupe::view::View;
+use troupe_actors::Deps;
 use troupe::llm::{EnvModel, build_models};
 use troupe::store::SqlStore;
 use troupe_actors::store::RunStore;
@@ -33,12 +42,54 @@ struct Cli {
     /// (a file defining `default` replaces it).
     #[arg(long, global = true, env = "TROUPE_AGENTS")]
     agents: Option<PathBuf>,
+    /// Where the SQLite store and tool files live (overrides `data_dir` and
+    /// TROUPE_DATA_DIR).
+    #[arg(long, global = true)]
+    data_dir: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the daemon: the HTTP API, event streams and /metrics, until SIGTERM or
+    /// Ctrl-C. Unfinished runs in the store resume at start.
+    Serve {
+        /// Address to listen on (overrides `server.bind` and TROUPE_BIND).
+        #[arg(long)]
+        bind: Option<String>,
+        /// Serve without authentication: every request acts as tenant `default`.
+        #[arg(long)]
+        insecure_no_auth: bool,
+    },
+    /// Start a run on a running daemon and, with --follow, show it as it goes.
+    Run {
+        /// The request.
+        question: String,
+        /// The agent.
+        #[arg(long, default_value = "default")]
+        agent: String,
+        /// Follow the run to its end.
+        #[arg(long)]
+        follow: bool,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// List, show, cancel or answer runs on a running daemon.
+    Runs {
+        #[command(subcommand)]
+        command: RunsCommand,
+    },
+    /// The agents of a running daemon.
+    Agents {
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// The tools of a running daemon.
+    Tools {
+        #[command(flatten)]
+        remote: Remote,
+    },
     /// Run one agent run in-process and print its events: on the built-in offline
     /// model, or on the default model when one is configured (or TROUPE_MODEL is set).
     Demo {
@@ -61,12 +112,74 @@ enum Command {
         #[arg(long)]
         older_than_days: Option<f64>,
     },
+    /// Print the SHA-256 of an API token, for `[[auth.tokens]]` in the config.
+    HashToken {
+        /// The token.
+        token: String,
+    },
+    /// Print the API's OpenAPI document (also served at /openapi.json).
+    Openapi,
+}
+
+#[derive(Subcommand)]
+enum RunsCommand {
+    /// The tenant's runs, newest first.
+    List {
+        /// Only runs with this status (running, waiting_input, succeeded, failed, cancelled).
+        #[arg(long)]
+        status: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// One run; with --follow, its events to the end.
+    Show {
+        /// The run id.
+        id: String,
+        /// Follow its events to the end.
+        #[arg(long)]
+        follow: bool,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Cancel a run.
+    Cancel {
+        /// The run id.
+        id: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Answer a run waiting for input.
+    Input {
+        /// The run id.
+        id: String,
+        /// The answer.
+        text: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+}
+
+/// Where the daemon is.
+#[derive(clap::Args)]
+struct Remote {
+    /// The daemon's URL.
+    #[arg(long, env = "TROUPE_URL", default_value = "http://127.0.0.1:7878")]
+    url: String,
+    /// An API token.
+    #[arg(long, env = "TROUPE_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Print JSON instead of the human view.
+    #[arg(long)]
+    json: bool,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_env("TROUPE_LOG").unwrap_or_else(|_| EnvFilter::new("warn")))
+        .with_env_filter(EnvFilter::try_from_env("TROUPE_LOG").unwrap_or_else(|_| EnvFilter::new(default_log(&cli))))
         .with_writer(std::io::stderr)
         .init();
     match run(cli) {
@@ -76,6 +189,11 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// The daemon logs what it does; one-shot commands only what goes wrong.
+fn default_log(cli: &Cli) -> &'static str {
+    if matches!(cli.command, Command::Serve { .. }) { "info" } else { "warn" }
 }
 
 /// The built-in `default` agent, then the agent files of `folder`, by file name.
@@ -130,35 +248,100 @@ fn redact_url(url: &str) -> String {
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    let overlay = match &cli.config {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    match cli.command {
+        Command::Run { question, agent, follow, remote } => runtime.block_on(remote_run(remote, agent, question, follow)),
+        Command::Runs { command } => runtime.block_on(remote_runs(command)),
+        Command::Agents { remote } => runtime.block_on(async {
+            let agents = client(&remote)?.agents().await?;
+            if remote.json {
+                println!("{}", serde_json::to_string_pretty(&agents)?);
+            } else {
+                for agent in agents {
+                    let model = agent.model.unwrap_or_else(|| "(default model)".to_owned());
+                    println!("{:<20} {model:<20} tools: {}", agent.name, agent.tools.join(", "));
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }),
+        Command::Tools { remote } => runtime.block_on(async {
+            let tools = client(&remote)?.tools().await?;
+            if remote.json {
+                println!("{}", serde_json::to_string_pretty(&tools)?);
+            } else {
+                for tool in tools {
+                    let summary = tool.description.lines().next().unwrap_or_default().to_owned();
+                    println!("{:<20} {summary}", tool.name);
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }),
+        Command::HashToken { token } => {
+            println!("{}", troupe::server::hash_token(&token));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Openapi => {
+            println!("{}", serde_json::to_string_pretty(&troupe::server::openapi())?);
+            Ok(ExitCode::SUCCESS)
+        }
+        command => local(cli.config, cli.agents, cli.data_dir, command, &runtime),
+    }
+}
+
+/// Commands that run the runtime in this process.
+fn local(
+    config_file: Option<PathBuf>,
+    agents_dir: Option<PathBuf>,
+    data_dir: Option<PathBuf>,
+    command: Command,
+    runtime: &tokio::runtime::Runtime,
+) -> anyhow::Result<ExitCode> {
+    let overlay = match &config_file {
         Some(path) => {
             let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
             Some((path.display().to_string(), text))
         }
         None => None,
     };
-    let mut config = Config::parse(overlay.as_ref().map(|(origin, text)| (origin.as_str(), text.as_str())))?;
-    if let Some(url) = std::env::var("TROUPE_DATABASE_URL").ok().filter(|url| !url.trim().is_empty()) {
-        config.store.url = url;
+    let overlay = overlay.as_ref().map(|(origin, text)| (origin.as_str(), text.as_str()));
+    let mut config = Config::load(overlay, std::env::vars())?;
+    if let Some(dir) = data_dir {
+        config.data_dir = dir;
     }
-    let agents = load_agents(cli.agents.as_deref())?;
+    if let Command::Serve { bind: Some(bind), .. } = &command {
+        config.server.bind.clone_from(bind);
+    }
+    config.tools.journal_path = config.in_data_dir(&config.tools.journal_path);
+    let agents = load_agents(agents_dir.as_deref())?;
     let tools = troupe::tools::builtin_registry(&config.tools)?;
     let env = EnvModel {
         base_url: std::env::var("OPENAI_BASE_URL").ok(),
         api_key: std::env::var("OPENAI_API_KEY").ok(),
         model: std::env::var("TROUPE_MODEL").ok(),
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     // Providers build HTTP clients, which want a runtime around them.
     let models = runtime.block_on(async {
         build_models(&config.providers, &config.models, config.default_model.as_deref(), &env, |name| {
             std::env::var(name).ok()
         })
     })?;
+    // Checked before the store is opened, so a daemon without tokens fails at once.
+    let auth = match &command {
+        Command::Serve { insecure_no_auth: true, .. } => Some(Auth::open()),
+        Command::Serve { .. } => Some(Auth::new(&config.auth, std::env::var("TROUPE_API_TOKENS").ok().as_deref())?),
+        _ => None,
+    };
+    let store_url = config.store_url();
     let store = runtime
-        .block_on(SqlStore::connect(&config.store.url))
-        .with_context(|| format!("cannot open the store at {}", redact_url(&config.store.url)))?;
-    match cli.command {
+        .block_on(SqlStore::connect(&store_url))
+        .with_context(|| format!("cannot open the store at {}", redact_url(&store_url)))?;
+    match command {
+        Command::Serve { .. } => {
+            let auth = auth.context("serve has its auth")?;
+            let deps = Deps { store: Arc::new(store), models, tools, hooks: Vec::new(), agents };
+            runtime.block_on(serve(config, auth, deps))?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Demo { question, agent, json } => {
             let args = demo::DemoArgs { agent, question, json };
             let status = runtime.block_on(demo::run(config.runtime, Arc::new(store), models, tools, agents, args))?;
@@ -194,7 +377,124 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("deleted {deleted} finished run(s) older than {days} day(s)");
             Ok(ExitCode::SUCCESS)
         }
+        _ => anyhow::bail!("not a local command"),
     }
+}
+
+/// `troupe serve` until SIGTERM or Ctrl-C; a second signal exits at once.
+async fn serve(config: Config, auth: Auth, deps: Deps) -> anyhow::Result<()> {
+    let prometheus = troupe::server::install_prometheus().context("cannot install the metrics recorder")?;
+    let shutdown = CancellationToken::new();
+    let signals = shutdown.clone();
+    tokio::spawn(async move {
+        let mut terminate = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(signal) => signal,
+            Err(error) => {
+                tracing::error!(%error, "cannot listen for SIGTERM");
+                return;
+            }
+        };
+        for round in 0.. {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = terminate.recv() => {}
+            }
+            if round > 0 {
+                eprintln!("troupe: second signal; exiting now (runs resume on the next start)");
+                std::process::exit(130);
+            }
+            tracing::info!("shutting down: finishing requests in flight; send the signal again to exit at once");
+            signals.cancel();
+        }
+    });
+    let daemon = Daemon { runtime: config.runtime, server: config.server, auth, deps, prometheus: Some(prometheus) };
+    daemon
+        .run(shutdown, |address| {
+            // The first line of stdout, for people and for scripts that bind port 0.
+            println!("troupe listening on http://{address}");
+        })
+        .await
+}
+
+fn client(remote: &Remote) -> anyhow::Result<Client> {
+    Client::new(&remote.url, remote.token.clone())
+}
+
+/// Exit status for a followed run: 0 succeeded, 1 otherwise, 3 parked on a question.
+fn exit_for(status: RunStatus) -> ExitCode {
+    match status {
+        RunStatus::Succeeded => ExitCode::SUCCESS,
+        RunStatus::WaitingInput => ExitCode::from(3),
+        _ => ExitCode::FAILURE,
+    }
+}
+
+async fn remote_run(remote: Remote, agent: String, question: String, follow: bool) -> anyhow::Result<ExitCode> {
+    let client = client(&remote)?;
+    let run = client.create_run(&agent, &question).await?;
+    if !follow {
+        if remote.json {
+            println!("{}", serde_json::to_string_pretty(&run)?);
+        } else {
+            println!("{}", run.run_id);
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    follow_run(&client, &run.run_id, remote.json).await
+}
+
+async fn follow_run(client: &Client, id: &str, json: bool) -> anyhow::Result<ExitCode> {
+    let view = (!json).then(|| View::new(std::io::stdout().is_terminal()));
+    let mut out = std::io::stdout();
+    Ok(exit_for(client.follow(id, view, &mut out).await?))
+}
+
+async fn remote_runs(command: RunsCommand) -> anyhow::Result<ExitCode> {
+    match command {
+        RunsCommand::List { status, limit, remote } => {
+            let list = client(&remote)?.list_runs(status.as_deref(), limit).await?;
+            if remote.json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
+            } else {
+                for run in list.runs {
+                    let input: String = run.input.chars().take(60).collect();
+                    let created = run.created_at.format("%Y-%m-%d %H:%M:%S");
+                    println!("{}  {:<13} {:<12} {created}  {input}", run.run_id, run.status, run.agent);
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        RunsCommand::Show { id, follow, remote } => {
+            let client = client(&remote)?;
+            if follow {
+                return follow_run(&client, &id, remote.json).await;
+            }
+            print_run(&client.get_run(&id).await?, remote.json)
+        }
+        RunsCommand::Cancel { id, remote } => print_run(&client(&remote)?.cancel(&id).await?, remote.json),
+        RunsCommand::Input { id, text, remote } => print_run(&client(&remote)?.input(&id, &text).await?, remote.json),
+    }
+}
+
+fn print_run(run: &RunView, json: bool) -> anyhow::Result<ExitCode> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(run)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("run      {}", run.run_id);
+    println!("agent    {}", run.agent);
+    println!("status   {}{}", run.status, run.reason.as_ref().map(|reason| format!(" ({reason})")).unwrap_or_default());
+    println!("turn     {}", run.turn);
+    println!(
+        "usage    {} in / {} out tokens · ${:.4}",
+        run.usage.input_tokens, run.usage.output_tokens, run.usage.cost_usd
+    );
+    println!("created  {}", run.created_at.to_rfc3339());
+    println!("input    {}", run.input);
+    if let Some(output) = &run.final_output {
+        println!("\n{output}");
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 #[cfg(test)]

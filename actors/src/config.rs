@@ -33,6 +33,8 @@ impl Default for RestartPolicy {
 pub struct RuntimeConfig {
     /// Runs with a live session at once; more are refused with `Overloaded`.
     pub max_active_runs: usize,
+    /// Of those, runs one tenant may have; 0 for no per-tenant limit.
+    pub max_active_runs_per_tenant: usize,
     /// Restart intensity per run session (a meltdown fails the run) and for the
     /// shared actors (a meltdown stops the runtime).
     pub restarts: RestartPolicy,
@@ -57,6 +59,7 @@ impl Default for RuntimeConfig {
     fn default() -> Self {
         Self {
             max_active_runs: 64,
+            max_active_runs_per_tenant: 16,
             restarts: RestartPolicy::default(),
             tool_pool: ToolPoolConfig::default(),
             hooks: HookConfig::default(),

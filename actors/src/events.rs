@@ -130,6 +130,12 @@ impl Cursor {
                 if self.stale {
                     continue;
                 }
+                if self.run_has_ended().await? {
+                    // Everything up to `run_end` was read above; nothing will be
+                    // published for an ended run (a late subscriber, a reconnect).
+                    self.finish();
+                    return Ok(None);
+                }
             }
             let Some(receiver) = self.receiver.as_mut() else {
                 // The channel is gone and the store has nothing more: the run's
@@ -155,6 +161,13 @@ impl Cursor {
         let found = !batch.is_empty();
         self.backlog.extend(batch.into_iter().map(Arc::new));
         Ok(found)
+    }
+
+    /// Whether the store has the run ended (or has no such run). A run's status and
+    /// its `run_end` event commit together, so once this is true the store holds
+    /// every event the run will ever have.
+    async fn run_has_ended(&self) -> Result<bool, StoreError> {
+        Ok(self.store.get_run(self.run_id).await?.is_none_or(|run| run.status.is_terminal()))
     }
 
     fn finish(&mut self) {

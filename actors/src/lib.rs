@@ -24,6 +24,7 @@
 
 #![warn(missing_docs)]
 
+pub mod admission;
 pub mod config;
 pub mod events;
 pub mod hooks;

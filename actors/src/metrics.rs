@@ -27,7 +27,7 @@ pub const TOOL_CALL_DURATION_SECONDS: &str = "troupe_tool_call_duration_seconds"
 /// Calls the hook chain skipped, by tool and reason.
 pub const TOOL_CALLS_SKIPPED_TOTAL: &str = "troupe_tool_calls_skipped_total";
 /// Times a tool became blocked by the failure rule, by tool.
-pub const TOOLS_BLOCKED: &str = "troupe_tools_blocked";
+pub const TOOLS_BLOCKED_TOTAL: &str = "troupe_tools_blocked_total";
 /// Calls waiting in the tool pool's queue.
 pub const TOOL_QUEUE_DEPTH: &str = "troupe_tool_queue_depth";
 /// Model requests, by model and status.
@@ -55,9 +55,24 @@ pub const GEN_AI_CLIENT_OPERATION_DURATION_SECONDS: &str = "gen_ai_client_operat
 /// OpenTelemetry GenAI: tokens per model call, by model and token type (input, output).
 pub const GEN_AI_CLIENT_TOKEN_USAGE: &str = "gen_ai_client_token_usage";
 
+/// HTTP requests answered, by method, route template and status code.
+pub const HTTP_REQUESTS_TOTAL: &str = "troupe_http_requests_total";
+/// Time to answer an HTTP request (to the response head), by method and route.
+pub const HTTP_REQUEST_DURATION_SECONDS: &str = "troupe_http_request_duration_seconds";
+/// HTTP requests being answered.
+pub const HTTP_REQUESTS_IN_FLIGHT: &str = "troupe_http_requests_in_flight";
+/// Open SSE event streams.
+pub const SSE_CLIENTS: &str = "troupe_sse_clients";
+/// SSE streams refused because of the stream limits, by scope (global, tenant).
+pub const SSE_REJECTED_TOTAL: &str = "troupe_sse_rejected_total";
+
 /// Buckets (seconds) for every duration histogram.
 pub const DURATION_BUCKETS: &[f64] =
     &[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0];
+
+/// Buckets for token counts per model call.
+pub const TOKEN_BUCKETS: &[f64] =
+    &[1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0];
 
 /// Buckets for review scores in 0..=1.
 pub const SCORE_BUCKETS: &[f64] = &[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0];
@@ -106,7 +121,7 @@ pub fn tool_skipped(tool: &str, reason: &'static str) {
 
 /// A tool became blocked.
 pub fn tool_blocked(tool: &str) {
-    counter!(TOOLS_BLOCKED, "tool" => tool.to_owned()).increment(1);
+    counter!(TOOLS_BLOCKED_TOTAL, "tool" => tool.to_owned()).increment(1);
 }
 
 /// The tool pool's queue depth.
@@ -158,4 +173,66 @@ pub fn actor_restarted(actor: &'static str) {
 /// A run failed because its session crashed too often.
 pub fn supervisor_meltdown(level: &'static str) {
     counter!(SUPERVISOR_MELTDOWNS_TOTAL, "level" => level).increment(1);
+}
+
+/// An HTTP request was answered.
+pub fn http_request(method: &str, route: &str, status: u16, elapsed: Duration) {
+    let method = method.to_owned();
+    let route = route.to_owned();
+    counter!(HTTP_REQUESTS_TOTAL, "method" => method.clone(), "route" => route.clone(), "status" => status.to_string())
+        .increment(1);
+    histogram!(HTTP_REQUEST_DURATION_SECONDS, "method" => method, "route" => route).record(elapsed.as_secs_f64());
+}
+
+/// HTTP requests being answered: +1 when one starts, -1 when it is answered.
+pub fn http_in_flight(delta: f64) {
+    gauge!(HTTP_REQUESTS_IN_FLIGHT).increment(delta);
+}
+
+/// Open SSE streams: +1 when one opens, -1 when it ends.
+pub fn sse_clients(delta: f64) {
+    gauge!(SSE_CLIENTS).increment(delta);
+}
+
+/// An SSE stream was refused by its `scope`'s limit.
+pub fn sse_rejected(scope: &'static str) {
+    counter!(SSE_REJECTED_TOTAL, "scope" => scope).increment(1);
+}
+
+/// Registers the help text of every metric with the installed recorder, so the
+/// exposition carries `# HELP` lines. Call once after installing a recorder.
+pub fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(RUNS_STARTED_TOTAL, "Runs accepted, by agent.");
+    describe_counter!(RUNS_FINISHED_TOTAL, "Runs that reached a terminal state, by agent and status.");
+    describe_gauge!(RUNS_ACTIVE, "Runs with a live session.");
+    describe_counter!(RUNS_RECOVERED_TOTAL, "Runs resumed from the store after a restart.");
+    describe_counter!(ADMISSION_REJECTED_TOTAL, "Submissions refused by admission control, by reason.");
+    describe_counter!(TURNS_TOTAL, "Turns completed.");
+    describe_histogram!(TURN_DURATION_SECONDS, Unit::Seconds, "Duration of a turn.");
+    describe_counter!(TOOL_CALLS_TOTAL, "Tool calls that ran, by tool and status.");
+    describe_histogram!(TOOL_CALL_DURATION_SECONDS, Unit::Seconds, "Duration of a tool call, by tool.");
+    describe_counter!(TOOL_CALLS_SKIPPED_TOTAL, "Tool calls the hook chain skipped, by tool and reason.");
+    describe_counter!(TOOLS_BLOCKED_TOTAL, "Times a tool was blocked in a run after repeated failures, by tool.");
+    describe_gauge!(TOOL_QUEUE_DEPTH, "Tool calls waiting for a worker.");
+    describe_counter!(MODEL_REQUESTS_TOTAL, "Model requests, by model and status.");
+    describe_histogram!(MODEL_REQUEST_DURATION_SECONDS, Unit::Seconds, "Duration of a model request, by model.");
+    describe_counter!(MODEL_TOKENS_TOTAL, "Model tokens, by model and direction.");
+    describe_counter!(COST_MICRODOLLARS_TOTAL, "Model cost in millionths of a US dollar, by model.");
+    describe_histogram!(REVIEW_SCORE, "Review scores in 0..1, by dimension.");
+    describe_counter!(REVIEWS_TOTAL, "Reviews, by recommendation.");
+    describe_counter!(ACTOR_RESTARTS_TOTAL, "Actors restarted by supervision, by actor kind.");
+    describe_counter!(SUPERVISOR_MELTDOWNS_TOTAL, "Supervisors that gave up after too many restarts, by level.");
+    describe_counter!(MODEL_RETRIES_TOTAL, "Retried model requests, by model and reason.");
+    describe_histogram!(
+        GEN_AI_CLIENT_OPERATION_DURATION_SECONDS,
+        Unit::Seconds,
+        "GenAI operation duration (OpenTelemetry semantic conventions)."
+    );
+    describe_histogram!(GEN_AI_CLIENT_TOKEN_USAGE, "GenAI tokens per operation (OpenTelemetry semantic conventions).");
+    describe_counter!(HTTP_REQUESTS_TOTAL, "HTTP requests answered, by method, route and status.");
+    describe_histogram!(HTTP_REQUEST_DURATION_SECONDS, Unit::Seconds, "Time to answer an HTTP request.");
+    describe_gauge!(HTTP_REQUESTS_IN_FLIGHT, "HTTP requests being answered.");
+    describe_gauge!(SSE_CLIENTS, "Open SSE event streams.");
+    describe_counter!(SSE_REJECTED_TOTAL, "SSE streams refused by the stream limits, by scope.");
 }

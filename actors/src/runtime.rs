@@ -14,9 +14,9 @@ use chrono::Utc;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use ractor::{Actor, ActorRef};
-use tokio::sync::Semaphore;
 use tracing::{info, warn};
 
+use crate::admission::{Admission, Refusal, Slot};
 use crate::config::{AgentConfig, RuntimeConfig};
 use crate::events::{self, EventHub};
 use crate::hooks::{HookChain, ToolHook};
@@ -109,6 +109,12 @@ pub enum SubmitError {
         /// The limit.
         limit: usize,
     },
+    /// The tenant has too many active runs; try again later.
+    #[error("too many active runs for this tenant (limit {limit}); try again later")]
+    TenantOverloaded {
+        /// The limit.
+        limit: usize,
+    },
     /// The runtime is stopping or broken.
     #[error("the runtime is not accepting runs")]
     Unavailable,
@@ -155,7 +161,7 @@ pub enum CancelError {
 pub struct Runtime {
     shared: Arc<RuntimeShared>,
     supervisor: ActorRef<SupervisorMsg>,
-    admission: Arc<Semaphore>,
+    admission: Admission,
 }
 
 impl Runtime {
@@ -188,7 +194,7 @@ impl Runtime {
         let supervisor = Supervisor { shared: shared.clone() };
         let (supervisor, _) =
             Actor::spawn(None, supervisor, ()).await.map_err(|error| RuntimeError::Spawn(error.to_string()))?;
-        let admission = Arc::new(Semaphore::new(config.max_active_runs.max(1)));
+        let admission = Admission::new(config.max_active_runs, config.max_active_runs_per_tenant);
         let runtime = Self { shared, supervisor, admission };
         runtime.recover().await?;
         Ok(runtime)
@@ -202,8 +208,9 @@ impl Runtime {
             info!(runs = unfinished.len(), "resuming unfinished runs");
         }
         for run_id in unfinished {
-            let permit = self.admission.clone().try_acquire_owned().ok();
-            match self.start_session(run_id, permit).await {
+            let Some(run) = self.shared.store.get_run(run_id).await? else { continue };
+            let slot = self.admission.readmit(&run.tenant);
+            match self.start_session(run_id, Some(slot)).await {
                 Ok(()) => metrics::run_recovered(),
                 Err(error) => warn!(run_id = %run_id, %error, "could not resume run"),
             }
@@ -214,7 +221,7 @@ impl Runtime {
     async fn start_session(
         &self,
         run_id: RunId,
-        permit: Option<tokio::sync::OwnedSemaphorePermit>,
+        permit: Option<Slot>,
     ) -> Result<(), SubmitError> {
         let reply = ractor::call!(self.supervisor, |reply| SupervisorMsg::Start { run_id, permit, reply });
         match reply {
@@ -242,9 +249,16 @@ impl Runtime {
         if !self.accepting() {
             return Err(SubmitError::Unavailable);
         }
-        let Ok(permit) = self.admission.clone().try_acquire_owned() else {
-            metrics::admission_rejected("overloaded");
-            return Err(SubmitError::Overloaded { limit: self.shared.config.max_active_runs });
+        let permit = match self.admission.try_admit(&tenant) {
+            Ok(slot) => slot,
+            Err(Refusal::Global { limit }) => {
+                metrics::admission_rejected("overloaded");
+                return Err(SubmitError::Overloaded { limit });
+            }
+            Err(Refusal::Tenant { limit }) => {
+                metrics::admission_rejected("tenant_overloaded");
+                return Err(SubmitError::TenantOverloaded { limit });
+            }
         };
         let run_id = RunId::new();
         let now = Utc::now();
@@ -381,6 +395,14 @@ impl Runtime {
         agents
     }
 
+    /// The definitions of every registered tool, by name (agents choose among them).
+    pub fn tools(&self) -> Vec<Arc<crate::llm::ToolDefinition>> {
+        let registry = &self.shared.pool.registry;
+        let mut names = registry.names();
+        names.sort();
+        names.iter().filter_map(|name| registry.definition(name)).collect()
+    }
+
     /// The store.
     pub fn store(&self) -> Arc<dyn RunStore> {
         self.shared.store.clone()
@@ -388,7 +410,7 @@ impl Runtime {
 
     /// Stops every actor within `deadline`. Runs keep their last commit and resume
     /// on the next start.
-    pub async fn shutdown(self, deadline: Duration) {
+    pub async fn shutdown(&self, deadline: Duration) {
         if self.supervisor.stop_and_wait(Some("shutdown".to_owned()), Some(deadline)).await.is_err() {
             warn!("actors did not stop in time; killing them");
             self.supervisor.kill();

@@ -16,9 +16,9 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
-use tokio::sync::OwnedSemaphorePermit;
 use tracing::{error, warn};
 
+use crate::admission::Slot;
 use crate::metrics;
 use crate::protocol::{RunId, RunStatus};
 use crate::reviewer::{Reviewer, ReviewerMsg};
@@ -76,7 +76,7 @@ pub enum SupervisorMsg {
         /// The run.
         run_id: RunId,
         /// Its admission slot, released when the session ends.
-        permit: Option<OwnedSemaphorePermit>,
+        permit: Option<Slot>,
         /// Started, or why not.
         reply: RpcReplyPort<Result<(), StartError>>,
     },
@@ -104,7 +104,7 @@ pub struct Supervisor {
 struct LiveRun {
     session: ActorRef<SessionMsg>,
     /// Dropped with the entry, which frees the run's admission slot.
-    _permit: Option<OwnedSemaphorePermit>,
+    _permit: Option<Slot>,
     /// Recent restarts, for the intensity check.
     restarts: VecDeque<Instant>,
 }

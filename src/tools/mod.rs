@@ -16,13 +16,13 @@ pub use text_stats::TextStats;
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ToolsConfig {
-    /// The file the `journal` tool appends to.
+    /// The file the `journal` tool appends to; a relative path is under the data dir.
     pub journal_path: PathBuf,
 }
 
 impl Default for ToolsConfig {
     fn default() -> Self {
-        Self { journal_path: PathBuf::from("data/journal.log") }
+        Self { journal_path: PathBuf::from("journal.log") }
     }
 }
 

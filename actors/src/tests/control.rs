@@ -92,3 +92,31 @@ async fn admission_refuses_runs_beyond_the_limit_until_a_slot_frees() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_to_an_ended_run_replays_what_is_missing_and_ends() {
+    let harness = Setup::new(ScriptedModel::per_turn(vec![text("done")])).start().await;
+    let (_, all) = harness.run("finish").await;
+    let run_id = all[0].run_id;
+    let last = all.last().unwrap().seq;
+    // A client that saw everything reconnects: nothing to send, and the stream ends.
+    assert!(collect(harness.runtime.subscribe(run_id, last)).await.is_empty());
+    // One that missed the last two events gets exactly those.
+    let tail = collect(harness.runtime.subscribe(run_id, last - 2)).await;
+    assert_eq!(tail.iter().map(|event| event.seq).collect::<Vec<_>>(), vec![last - 1, last]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_over_its_limit_is_refused_while_another_tenant_is_admitted() {
+    let mut setup = Setup::new(ScriptedModel::per_turn(vec![Step::Hang]));
+    setup.config.max_active_runs_per_tenant = 1;
+    let harness = setup.start().await;
+    let request = |tenant: &str| {
+        let mut request = SubmitRequest::new(crate::tests::AGENT, "wait");
+        request.tenant = tenant.to_owned();
+        request
+    };
+    harness.runtime.submit(request("a")).await.unwrap();
+    assert_eq!(harness.runtime.submit(request("a")).await, Err(SubmitError::TenantOverloaded { limit: 1 }));
+    harness.runtime.submit(request("b")).await.unwrap();
+}

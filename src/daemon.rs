@@ -1,0 +1,55 @@
+//! `troupe serve`: the runtime behind the HTTP API until a shutdown signal.
+//!
+//! Shutdown order: stop accepting connections and end every event stream, let
+//! requests in flight finish (bounded by `server.shutdown_timeout`), then stop the
+//! actor tree (same bound). Every run keeps its last commit; the next start
+//! resumes the unfinished ones.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+use troupe_actors::config::RuntimeConfig;
+use troupe_actors::{Deps, Runtime};
+
+use crate::server::{self, AppState, Auth, ServerConfig};
+
+/// What `serve` runs.
+pub struct Daemon {
+    /// The runtime's settings.
+    pub runtime: RuntimeConfig,
+    /// The server's settings.
+    pub server: ServerConfig,
+    /// Who may call.
+    pub auth: Auth,
+    /// Store, models, tools, agents.
+    pub deps: Deps,
+    /// Renders `/metrics`; `None` leaves it out.
+    pub prometheus: Option<PrometheusHandle>,
+}
+
+impl Daemon {
+    /// Starts the runtime (resuming unfinished runs), binds, calls `ready` with the
+    /// bound address, and serves until `shutdown` is cancelled.
+    pub async fn run(self, shutdown: CancellationToken, ready: impl FnOnce(SocketAddr)) -> anyhow::Result<()> {
+        let timing = self.server.timing()?;
+        if self.auth.is_open() {
+            warn!(
+                "AUTHENTICATION IS OFF (--insecure-no-auth): anyone who can reach {} can start, read and cancel runs",
+                self.server.bind
+            );
+        }
+        let runtime = Arc::new(Runtime::start(self.runtime, self.deps).await?);
+        let (listener, local) = server::bind(&self.server.bind).await?;
+        let state = AppState::new(runtime.clone(), self.auth, self.server, self.prometheus, shutdown.clone())?;
+        ready(local);
+        server::serve(listener, server::router(state), timing.header_read_timeout, shutdown, timing.shutdown_timeout)
+            .await;
+        info!("stopping the runtime");
+        runtime.shutdown(timing.shutdown_timeout).await;
+        info!("stopped");
+        Ok(())
+    }
+}

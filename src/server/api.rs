@@ -1,0 +1,427 @@
+//! The JSON routes of DESIGN §8, and the OpenAPI document generated from them.
+//! Every run route looks the run up through [`owned_run`], which answers 404 for
+//! another tenant's run exactly as for a missing one.
+
+use std::time::Duration;
+
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use troupe_actors::SubmitRequest;
+use troupe_actors::protocol::{Limits, RunId, RunSpec, RunStatus};
+use troupe_actors::store::{RunQuery, RunRecord};
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{IntoParams, Modify, OpenApi, ToSchema};
+
+use super::auth::{Tenant, require_tenant};
+use super::error::{ApiError, ErrorBody};
+use super::{AppState, sse, telemetry};
+
+/// Longest listing.
+const MAX_LIST: usize = 500;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "troupe", description = "An actor-based multi-agent runtime: submit runs, follow their events, answer and cancel them."),
+    paths(create_run, list_runs, get_run, sse::run_events, run_input, cancel_run, list_agents, list_tools, healthz, readyz),
+    components(schemas(ErrorBody, CreateRun, LimitsBody, RunView, UsageView, RunList, InputBody, AgentView, ToolView)),
+    modifiers(&BearerAuth),
+    tags((name = "runs", description = "Runs and their events"), (name = "catalog", description = "Agents and tools"),
+        (name = "ops", description = "Health"))
+)]
+struct ApiDoc;
+
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme("bearer", SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()));
+    }
+}
+
+/// The OpenAPI 3.1 document of the API.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    ApiDoc::openapi()
+}
+
+pub(super) fn router(state: AppState) -> Router {
+    let protected = Router::new()
+        .route("/v1/runs", post(create_run).get(list_runs))
+        .route("/v1/runs/{id}", get(get_run))
+        .route("/v1/runs/{id}/events", get(sse::run_events))
+        .route("/v1/runs/{id}/input", post(run_input))
+        .route("/v1/runs/{id}/cancel", post(cancel_run))
+        .route("/v1/agents", get(list_agents))
+        .route("/v1/tools", get(list_tools))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_tenant));
+    let document = openapi();
+    Router::new()
+        .merge(protected)
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(move || async move { Json(document) }))
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
+        .layer(middleware::from_fn_with_state(state.clone(), deadline))
+        .layer(DefaultBodyLimit::max(state.inner.config.max_body_bytes))
+        .layer(middleware::from_fn(telemetry::measure))
+        .with_state(state)
+}
+
+/// Middleware: a request that gets no response head within `request_timeout`
+/// is answered 503 `timeout` (an event stream's head comes at once; its body is
+/// not limited).
+async fn deadline(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let limit = state.inner.timing.request_timeout;
+    match tokio::time::timeout(limit, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "timeout", "the request took too long")
+            .retry_after(state.inner.config.retry_after)
+            .into_response(),
+    }
+}
+
+/// The run `id` if it exists and belongs to `tenant`; 404 otherwise (also for
+/// an id that is not a run id).
+pub(super) async fn owned_run(state: &AppState, tenant: &str, id: &str) -> Result<RunRecord, ApiError> {
+    let run_id: RunId = id.parse().map_err(|_| ApiError::run_not_found())?;
+    match state.inner.runtime.get(run_id).await? {
+        Some(run) if run.tenant == tenant => Ok(run),
+        _ => Err(ApiError::run_not_found()),
+    }
+}
+
+/// A run to start.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateRun {
+    /// The agent; `default` when left out.
+    #[serde(default = "default_agent")]
+    #[schema(default = "default")]
+    pub agent: String,
+    /// The request.
+    pub input: String,
+    /// Limits for this run instead of the agent's.
+    #[serde(default)]
+    pub limits: Option<LimitsBody>,
+}
+
+fn default_agent() -> String {
+    "default".to_owned()
+}
+
+/// A run's limits.
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsBody {
+    /// Turns before one last tool-free synthesis call.
+    pub max_turns: u32,
+    /// Tool calls of one turn that run at the same time.
+    pub max_parallel_tools: usize,
+    /// Tokens (input + output) the run may spend.
+    #[serde(default)]
+    pub max_tokens: Option<u64>,
+    /// USD the run may spend.
+    #[serde(default)]
+    pub max_cost_usd: Option<f64>,
+}
+
+/// A run.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct RunView {
+    /// The id (a UUID).
+    pub run_id: String,
+    /// The run that started this one, for sub-runs.
+    pub parent_run_id: Option<String>,
+    /// The agent.
+    pub agent: String,
+    /// The request.
+    pub input: String,
+    /// `queued`, `running`, `waiting_input`, `succeeded`, `failed` or `cancelled`.
+    pub status: String,
+    /// Why it ended, for anything but success.
+    pub reason: Option<String>,
+    /// The last turn started.
+    pub turn: u32,
+    /// Tokens and cost so far.
+    pub usage: UsageView,
+    /// The final answer.
+    pub final_output: Option<String>,
+    /// When it was accepted.
+    pub created_at: DateTime<Utc>,
+    /// When it last changed.
+    pub updated_at: DateTime<Utc>,
+}
+
+/// Tokens and cost.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct UsageView {
+    /// Prompt tokens.
+    pub input_tokens: u64,
+    /// Completion tokens.
+    pub output_tokens: u64,
+    /// USD.
+    pub cost_usd: f64,
+}
+
+impl From<RunRecord> for RunView {
+    fn from(run: RunRecord) -> Self {
+        Self {
+            run_id: run.run_id.to_string(),
+            parent_run_id: run.parent_run_id.map(|id| id.to_string()),
+            agent: run.agent,
+            input: run.input,
+            status: run.status.as_str().to_owned(),
+            reason: run.reason,
+            turn: run.turn,
+            usage: UsageView {
+                input_tokens: run.usage.input_tokens,
+                output_tokens: run.usage.output_tokens,
+                cost_usd: run.usage.cost_usd,
+            },
+            final_output: run.final_output,
+            created_at: run.created_at,
+            updated_at: run.updated_at,
+        }
+    }
+}
+
+/// Starts a run. Answers once the run is durable; follow it at
+/// `/v1/runs/{id}/events`.
+#[utoipa::path(post, path = "/v1/runs", tag = "runs", request_body = CreateRun,
+    responses(
+        (status = 201, body = RunView, description = "Accepted and stored."),
+        (status = 400, body = ErrorBody, description = "Malformed JSON or invalid limits."),
+        (status = 404, body = ErrorBody, description = "Unknown agent."),
+        (status = 413, body = ErrorBody, description = "Body over server.max_body_bytes."),
+        (status = 429, body = ErrorBody, description = "Too many active runs (globally or for this tenant); see Retry-After."),
+        (status = 503, body = ErrorBody, description = "Shutting down, or the store failed."),
+    ),
+    security(("bearer" = [])))]
+async fn create_run(
+    State(state): State<AppState>,
+    Extension(Tenant(tenant)): Extension<Tenant>,
+    body: Result<Json<CreateRun>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let Json(body) = body?;
+    if body.input.trim().is_empty() {
+        return Err(ApiError::invalid("input must not be empty"));
+    }
+    let limits = body.limits.map(|limits| Limits {
+        max_turns: limits.max_turns,
+        max_parallel_tools: limits.max_parallel_tools,
+        max_tokens: limits.max_tokens,
+        max_cost_usd: limits.max_cost_usd,
+    });
+    let spec = RunSpec { agent: body.agent, input: body.input, limits };
+    let request = SubmitRequest { spec, tenant, parent_run_id: None };
+    let retry_after = state.inner.config.retry_after;
+    let run_id = state.inner.runtime.submit(request).await.map_err(|error| {
+        let error = ApiError::from(error);
+        if matches!(error.status, StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE) {
+            error.retry_after(retry_after)
+        } else {
+            error
+        }
+    })?;
+    let run = state.inner.runtime.get(run_id).await?.ok_or_else(ApiError::run_not_found)?;
+    Ok((StatusCode::CREATED, Json(RunView::from(run))).into_response())
+}
+
+/// A listing filter.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ListQuery {
+    /// Only runs with this status.
+    #[param(value_type = Option<String>)]
+    pub status: Option<RunStatus>,
+    /// At most this many (newest first); 50 by default, 500 at most.
+    pub limit: Option<usize>,
+}
+
+/// Runs, newest first.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct RunList {
+    /// The runs.
+    pub runs: Vec<RunView>,
+}
+
+/// Lists the tenant's runs, newest first.
+#[utoipa::path(get, path = "/v1/runs", tag = "runs", params(ListQuery),
+    responses((status = 200, body = RunList), (status = 400, body = ErrorBody)),
+    security(("bearer" = [])))]
+async fn list_runs(
+    State(state): State<AppState>,
+    Extension(Tenant(tenant)): Extension<Tenant>,
+    query: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Json<RunList>, ApiError> {
+    let Query(query) = query?;
+    let limit = query.limit.unwrap_or(50).clamp(1, MAX_LIST);
+    let runs = state.inner.runtime.store().list_runs(RunQuery { tenant: Some(tenant), status: query.status, limit }).await?;
+    Ok(Json(RunList { runs: runs.into_iter().map(RunView::from).collect() }))
+}
+
+/// One run.
+#[utoipa::path(get, path = "/v1/runs/{id}", tag = "runs", params(("id" = String, Path, description = "The run id.")),
+    responses((status = 200, body = RunView), (status = 404, body = ErrorBody)),
+    security(("bearer" = [])))]
+async fn get_run(
+    State(state): State<AppState>,
+    Extension(Tenant(tenant)): Extension<Tenant>,
+    Path(id): Path<String>,
+) -> Result<Json<RunView>, ApiError> {
+    Ok(Json(owned_run(&state, &tenant, &id).await?.into()))
+}
+
+/// An answer to a run's question.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InputBody {
+    /// The answer.
+    pub text: String,
+}
+
+/// Answers a run parked on a question (`waiting_input`).
+#[utoipa::path(post, path = "/v1/runs/{id}/input", tag = "runs", request_body = InputBody,
+    params(("id" = String, Path, description = "The run id.")),
+    responses(
+        (status = 202, body = RunView, description = "Taken; the run goes on."),
+        (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody, description = "The run is not waiting for input."),
+    ),
+    security(("bearer" = [])))]
+async fn run_input(
+    State(state): State<AppState>,
+    Extension(Tenant(tenant)): Extension<Tenant>,
+    Path(id): Path<String>,
+    body: Result<Json<InputBody>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let run = owned_run(&state, &tenant, &id).await?;
+    let Json(body) = body?;
+    state.inner.runtime.input(run.run_id, body.text).await?;
+    let run = state.inner.runtime.get(run.run_id).await?.ok_or_else(ApiError::run_not_found)?;
+    Ok((StatusCode::ACCEPTED, Json(RunView::from(run))).into_response())
+}
+
+/// Cancels a run; answers once its end is stored.
+#[utoipa::path(post, path = "/v1/runs/{id}/cancel", tag = "runs", params(("id" = String, Path, description = "The run id.")),
+    responses(
+        (status = 200, body = RunView, description = "Cancelled."),
+        (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody, description = "The run had already ended."),
+    ),
+    security(("bearer" = [])))]
+async fn cancel_run(
+    State(state): State<AppState>,
+    Extension(Tenant(tenant)): Extension<Tenant>,
+    Path(id): Path<String>,
+) -> Result<Json<RunView>, ApiError> {
+    let run = owned_run(&state, &tenant, &id).await?;
+    state.inner.runtime.cancel(run.run_id).await?;
+    let run = state.inner.runtime.get(run.run_id).await?.ok_or_else(ApiError::run_not_found)?;
+    Ok(Json(run.into()))
+}
+
+/// An agent.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct AgentView {
+    /// Its name, for `POST /v1/runs`.
+    pub name: String,
+    /// Its model; `null` for the default model.
+    pub model: Option<String>,
+    /// Tools it may call beyond `todo_write` and `ask_user`.
+    pub tools: Vec<String>,
+    /// Default limits of its runs.
+    pub limits: LimitsBody,
+    /// `rule_based` or `model`.
+    pub reviewer: String,
+}
+
+/// The configured agents.
+#[utoipa::path(get, path = "/v1/agents", tag = "catalog",
+    responses((status = 200, body = Vec<AgentView>)), security(("bearer" = [])))]
+async fn list_agents(State(state): State<AppState>) -> Json<Vec<AgentView>> {
+    let agents = state.inner.runtime.agents().into_iter().map(|agent| AgentView {
+        name: agent.name,
+        model: agent.model,
+        tools: agent.tools,
+        limits: LimitsBody {
+            max_turns: agent.limits.max_turns,
+            max_parallel_tools: agent.limits.max_parallel_tools,
+            max_tokens: agent.limits.max_tokens,
+            max_cost_usd: agent.limits.max_cost_usd,
+        },
+        reviewer: match agent.reviewer {
+            troupe_actors::config::ReviewerKind::RuleBased => "rule_based".to_owned(),
+            troupe_actors::config::ReviewerKind::Model { .. } => "model".to_owned(),
+        },
+    });
+    Json(agents.collect())
+}
+
+/// A tool.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ToolView {
+    /// Its name.
+    pub name: String,
+    /// What the model is told it does.
+    pub description: String,
+    /// JSON Schema of its arguments.
+    #[schema(value_type = Object)]
+    pub parameters: Value,
+}
+
+/// The registered tools.
+#[utoipa::path(get, path = "/v1/tools", tag = "catalog",
+    responses((status = 200, body = Vec<ToolView>)), security(("bearer" = [])))]
+async fn list_tools(State(state): State<AppState>) -> Json<Vec<ToolView>> {
+    let tools = state.inner.runtime.tools().into_iter().map(|tool| ToolView {
+        name: tool.name.clone(),
+        description: tool.description.clone(),
+        parameters: tool.parameters.clone(),
+    });
+    Json(tools.collect())
+}
+
+/// Alive.
+#[utoipa::path(get, path = "/healthz", tag = "ops", responses((status = 200, description = "The process serves.")))]
+async fn healthz() -> Json<Value> {
+    Json(serde_json::json!({"status": "ok"}))
+}
+
+/// Ready: the store answers and the runtime takes runs.
+#[utoipa::path(get, path = "/readyz", tag = "ops",
+    responses((status = 200, description = "Ready."), (status = 503, body = ErrorBody, description = "Not ready.")))]
+async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+    let runtime = &state.inner.runtime;
+    if !runtime.accepting() || state.inner.shutdown.is_cancelled() {
+        return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "the runtime is not taking runs"));
+    }
+    // Any read answers whether the store is reachable; this one finds nothing.
+    let probe = RunQuery { tenant: Some(String::new()), status: None, limit: 1 };
+    match tokio::time::timeout(Duration::from_secs(5), runtime.store().list_runs(probe)).await {
+        Ok(Ok(_)) => Ok(Json(serde_json::json!({"status": "ready"}))),
+        Ok(Err(error)) => Err(ApiError::from(error)),
+        Err(_) => Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_error", "the store did not answer")),
+    }
+}
+
+/// Prometheus exposition.
+async fn metrics(State(state): State<AppState>) -> Response {
+    match &state.inner.prometheus {
+        Some(handle) => {
+            ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], handle.render())
+                .into_response()
+        }
+        None => ApiError::new(StatusCode::NOT_FOUND, "not_found", "metrics are not enabled").into_response(),
+    }
+}

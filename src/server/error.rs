@@ -1,0 +1,164 @@
+//! The one error type of the API. Every failure answers JSON
+//! `{"error": {"code": "...", "message": "..."}}` with a stable `code`.
+
+use axum::Json;
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use troupe_actors::store::StoreError;
+use troupe_actors::{CancelError, InputError, SubmitError};
+use utoipa::ToSchema;
+
+/// An API failure.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    /// The HTTP status.
+    pub status: StatusCode,
+    /// Stable, machine-readable.
+    pub code: &'static str,
+    /// For people.
+    pub message: String,
+    /// Seconds, for 429 and 503.
+    pub retry_after: Option<u64>,
+}
+
+/// The JSON body of an error.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorBody {
+    /// The error.
+    pub error: ErrorDetail,
+}
+
+/// What went wrong.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// Stable code: `unauthorized`, `not_found`, `invalid_json`, `invalid_request`,
+    /// `payload_too_large`, `unknown_agent`, `invalid_limits`, `overloaded`,
+    /// `tenant_overloaded`, `too_many_streams`, `not_waiting`, `already_ended`,
+    /// `unavailable`, `timeout`, `store_error`.
+    pub code: String,
+    /// A description.
+    pub message: String,
+}
+
+impl ApiError {
+    /// An error with no `Retry-After`.
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self { status, code, message: message.into(), retry_after: None }
+    }
+
+    /// 404 `not_found`: no such run for this tenant (another tenant's runs are
+    /// indistinguishable from missing ones).
+    pub fn run_not_found() -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", "run not found")
+    }
+
+    /// 401 `unauthorized`.
+    pub fn unauthorized() -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", "a valid bearer token is required")
+    }
+
+    /// 400 `invalid_request`.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+    }
+
+    /// With a `Retry-After`.
+    pub fn retry_after(mut self, seconds: u64) -> Self {
+        self.retry_after = Some(seconds);
+        self
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = ErrorBody { error: ErrorDetail { code: self.code.to_owned(), message: self.message } };
+        let mut response = (self.status, Json(body)).into_response();
+        if let Some(seconds) = self.retry_after {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        response
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(error: StoreError) -> Self {
+        match error {
+            StoreError::NotFound(_) => Self::run_not_found(),
+            // The detail goes to the log, not to the client.
+            other => {
+                tracing::error!(error = %other, "store error");
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, "store_error", "the run store failed; try again")
+            }
+        }
+    }
+}
+
+impl From<SubmitError> for ApiError {
+    fn from(error: SubmitError) -> Self {
+        let message = error.to_string();
+        match error {
+            SubmitError::UnknownAgent(_) => Self::new(StatusCode::NOT_FOUND, "unknown_agent", message),
+            SubmitError::InvalidLimits(_) => Self::new(StatusCode::BAD_REQUEST, "invalid_limits", message),
+            SubmitError::Overloaded { .. } => Self::new(StatusCode::TOO_MANY_REQUESTS, "overloaded", message),
+            SubmitError::TenantOverloaded { .. } => {
+                Self::new(StatusCode::TOO_MANY_REQUESTS, "tenant_overloaded", message)
+            }
+            SubmitError::Unavailable => Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message),
+            SubmitError::Store(error) => error.into(),
+        }
+    }
+}
+
+impl From<InputError> for ApiError {
+    fn from(error: InputError) -> Self {
+        let message = error.to_string();
+        match error {
+            InputError::NotFound => Self::run_not_found(),
+            InputError::NotWaiting => Self::new(StatusCode::CONFLICT, "not_waiting", message),
+            InputError::Unavailable => Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message),
+            InputError::Store(error) => error.into(),
+        }
+    }
+}
+
+impl From<CancelError> for ApiError {
+    fn from(error: CancelError) -> Self {
+        let message = error.to_string();
+        match error {
+            CancelError::NotFound => Self::run_not_found(),
+            CancelError::AlreadyEnded(_) => Self::new(StatusCode::CONFLICT, "already_ended", message),
+            CancelError::Unavailable => Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message),
+            CancelError::Store(error) => error.into(),
+        }
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(rejection: JsonRejection) -> Self {
+        match rejection.status() {
+            StatusCode::PAYLOAD_TOO_LARGE => {
+                Self::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", "the request body is too large")
+            }
+            StatusCode::UNSUPPORTED_MEDIA_TYPE => Self::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "invalid_json",
+                "send the body as JSON with Content-Type: application/json",
+            ),
+            _ => Self::new(StatusCode::BAD_REQUEST, "invalid_json", rejection.body_text()),
+        }
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(rejection: QueryRejection) -> Self {
+        Self::invalid(rejection.body_text())
+    }
+}
+
+impl From<PathRejection> for ApiError {
+    fn from(rejection: PathRejection) -> Self {
+        Self::invalid(rejection.body_text())
+    }
+}

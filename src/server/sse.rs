@@ -1,0 +1,184 @@
+//! `GET /v1/runs/{id}/events`: a run's events as Server-Sent Events. `id:` is the
+//! event's seq and `event:` its kind; a client that reconnects with
+//! `Last-Event-ID` (or `?after=`) gets exactly the events after that seq, first
+//! from the store and then live, with no gap and no duplicate. A client that
+//! reads slower than the run writes is served from the store (the runtime's
+//! subscription does that), so it never slows the run. The stream ends after
+//! `run_end`, and at shutdown.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use axum::Extension;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use futures::stream::{self, BoxStream};
+use serde::Deserialize;
+use troupe_actors::metrics;
+use troupe_actors::protocol::RunEvent;
+use troupe_actors::store::StoreError;
+use utoipa::IntoParams;
+
+use super::AppState;
+use super::api::owned_run;
+use super::auth::Tenant;
+use super::error::ApiError;
+
+/// Where to resume.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct EventsQuery {
+    /// Send only events with a seq above this (the `Last-Event-ID` header wins
+    /// when both are given).
+    pub after: Option<u64>,
+}
+
+/// Streams a run's events.
+#[utoipa::path(
+    get,
+    path = "/v1/runs/{id}/events",
+    tag = "runs",
+    params(("id" = String, Path, description = "The run id."), EventsQuery,
+        ("Last-Event-ID" = Option<u64>, Header, description = "The seq of the last event received.")),
+    responses(
+        (status = 200, content_type = "text/event-stream",
+            description = "One SSE event per run event: `id` = seq, `event` = kind, `data` = the event as JSON."),
+        (status = 404, body = super::error::ErrorBody, description = "No such run for this tenant."),
+        (status = 429, body = super::error::ErrorBody, description = "Too many open streams."),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn run_events(
+    State(state): State<AppState>,
+    Extension(Tenant(tenant)): Extension<Tenant>,
+    Path(id): Path<String>,
+    query: Result<Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let Query(query) = query?;
+    let run = owned_run(&state, &tenant, &id).await?;
+    let after = match headers.get("last-event-id") {
+        Some(value) => value
+            .to_str()
+            .ok()
+            .and_then(|text| text.trim().parse::<u64>().ok())
+            .ok_or_else(|| ApiError::invalid("Last-Event-ID must be the seq (a number) of an event"))?,
+        None => query.after.unwrap_or(0),
+    };
+    let Some(slot) = state.inner.streams.open(&tenant) else {
+        return Err(ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_streams", "too many open event streams")
+            .retry_after(state.inner.config.retry_after));
+    };
+    let events = state.inner.runtime.subscribe(run.run_id, after);
+    let shutdown = state.inner.shutdown.clone().cancelled_owned();
+    let stream = frames(events, slot).take_until(shutdown);
+    let keep_alive = KeepAlive::new().interval(state.inner.timing.sse_keep_alive);
+    Ok(Sse::new(stream).keep_alive(keep_alive).into_response())
+}
+
+/// SSE frames of a subscription. A store failure mid-stream sends one `error`
+/// event and ends the stream; the client reconnects with its last id.
+fn frames(
+    events: BoxStream<'static, Result<Arc<RunEvent>, StoreError>>,
+    slot: StreamSlot,
+) -> impl futures::Stream<Item = Result<Event, Infallible>> + Send + 'static {
+    stream::unfold((events, Some(slot)), |(mut events, slot)| async move {
+        // The slot lives as long as the stream; `None` means the stream is over.
+        slot.as_ref()?;
+        match events.next().await {
+            Some(Ok(event)) => Some((Ok(frame(&event)), (events, slot))),
+            Some(Err(error)) => {
+                tracing::warn!(%error, "event stream failed");
+                let data = serde_json::json!({"code": "store_error", "message": "reading the run's events failed; reconnect with Last-Event-ID"});
+                Some((Ok(Event::default().event("error").data(data.to_string())), (events, None)))
+            }
+            None => None,
+        }
+    })
+}
+
+fn frame(event: &RunEvent) -> Event {
+    let data = serde_json::to_string(event).unwrap_or_else(|error| {
+        // Events are plain data; this cannot fail, but a frame must not panic.
+        serde_json::json!({"seq": event.seq, "kind": "error", "message": error.to_string()}).to_string()
+    });
+    Event::default().id(event.seq.to_string()).event(event.kind.name()).data(data)
+}
+
+/// Open event streams, in all and per tenant.
+pub struct StreamSlots {
+    inner: Arc<Mutex<SlotCounts>>,
+    global_limit: usize,
+    tenant_limit: usize,
+}
+
+#[derive(Default)]
+struct SlotCounts {
+    total: usize,
+    tenants: HashMap<String, usize>,
+}
+
+/// One open stream; dropping it frees its place.
+pub struct StreamSlot {
+    inner: Arc<Mutex<SlotCounts>>,
+    tenant: String,
+}
+
+impl StreamSlots {
+    pub fn new(global_limit: usize, tenant_limit: usize) -> Self {
+        Self { inner: Arc::default(), global_limit, tenant_limit }
+    }
+
+    /// A place for a stream of `tenant`, if both limits allow one.
+    pub fn open(&self, tenant: &str) -> Option<StreamSlot> {
+        let mut counts = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        if counts.total >= self.global_limit {
+            metrics::sse_rejected("global");
+            return None;
+        }
+        let mine = counts.tenants.get(tenant).copied().unwrap_or(0);
+        if mine >= self.tenant_limit {
+            metrics::sse_rejected("tenant");
+            return None;
+        }
+        counts.total += 1;
+        counts.tenants.insert(tenant.to_owned(), mine + 1);
+        metrics::sse_clients(1.0);
+        Some(StreamSlot { inner: self.inner.clone(), tenant: tenant.to_owned() })
+    }
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        let mut counts = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        counts.total = counts.total.saturating_sub(1);
+        if let Some(mine) = counts.tenants.get_mut(&self.tenant) {
+            *mine = mine.saturating_sub(1);
+            if *mine == 0 {
+                counts.tenants.remove(&self.tenant);
+            }
+        }
+        metrics::sse_clients(-1.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stream_slots_hold_both_limits_and_free_on_drop() {
+        let slots = StreamSlots::new(3, 2);
+        let a1 = slots.open("a").unwrap();
+        let _a2 = slots.open("a").unwrap();
+        assert!(slots.open("a").is_none(), "tenant limit");
+        let _b1 = slots.open("b").unwrap();
+        assert!(slots.open("b").is_none(), "global limit");
+        drop(a1);
+        assert!(slots.open("b").is_some());
+    }
+}

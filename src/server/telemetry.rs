@@ -1,0 +1,62 @@
+//! Prometheus exposition and per-request metrics. Metric names live in
+//! `troupe_actors::metrics`; this module only installs the recorder and measures
+//! requests.
+
+use std::time::{Duration, Instant};
+
+use axum::extract::{MatchedPath, Request};
+use axum::middleware::Next;
+use axum::response::Response;
+use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
+use troupe_actors::metrics;
+
+/// Installs the process-wide Prometheus recorder, with explicit buckets for every
+/// histogram (so none renders as a summary), and starts its upkeep task (which
+/// `install_recorder` does not). Call once, inside a Tokio runtime.
+pub fn install_prometheus() -> Result<PrometheusHandle, BuildError> {
+    let handle = PrometheusBuilder::new()
+        .set_buckets(metrics::DURATION_BUCKETS)?
+        .set_buckets_for_metric(Matcher::Full(metrics::REVIEW_SCORE.to_owned()), metrics::SCORE_BUCKETS)?
+        .set_buckets_for_metric(Matcher::Full(metrics::GEN_AI_CLIENT_TOKEN_USAGE.to_owned()), metrics::TOKEN_BUCKETS)?
+        .install_recorder()?;
+    metrics::describe();
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            tick.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
+    Ok(handle)
+}
+
+/// Middleware: counts every request by method, route template (never the raw
+/// path, which holds run ids) and status, and times it to the response head.
+pub async fn measure(request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = request.method().as_str().to_owned();
+    let route = request.extensions().get::<MatchedPath>().map_or("unmatched", |path| path.as_str()).to_owned();
+    let in_flight = InFlight::enter();
+    let response = next.run(request).await;
+    drop(in_flight);
+    metrics::http_request(&method, &route, response.status().as_u16(), started.elapsed());
+    response
+}
+
+/// One request in flight; leaving counts even when the client went away and the
+/// request was dropped.
+struct InFlight;
+
+impl InFlight {
+    fn enter() -> Self {
+        metrics::http_in_flight(1.0);
+        Self
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        metrics::http_in_flight(-1.0);
+    }
+}
