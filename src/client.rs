@@ -42,8 +42,11 @@ impl Client {
     }
 
     async fn call<T: DeserializeOwned>(&self, builder: reqwest::RequestBuilder) -> anyhow::Result<T> {
-        let response =
-            builder.timeout(Duration::from_secs(60)).send().await.with_context(|| format!("cannot reach {}", self.base))?;
+        let response = builder
+            .timeout(Duration::from_secs(60))
+            .send()
+            .await
+            .with_context(|| format!("cannot reach {}", self.base))?;
         let status = response.status();
         let bytes = response.bytes().await.context("the daemon's answer was cut off")?;
         if !status.is_success() {

@@ -96,17 +96,6 @@ pub enum ConfigError {
 const ENV_SHORTCUTS: &[(&str, &str)] =
     &[("TROUPE_BIND", "server.bind"), ("TROUPE_DATA_DIR", "data_dir"), ("TROUPE_DATABASE_URL", "store.url")];
 
-/// Environment variables with the `TROUPE_` prefix that are not config keys.
-const ENV_NOT_KEYS: &[&str] = &[
-    "TROUPE_CONFIG",
-    "TROUPE_AGENTS",
-    "TROUPE_LOG",
-    "TROUPE_MODEL",
-    "TROUPE_API_TOKENS",
-    "TROUPE_URL",
-    "TROUPE_TOKEN",
-];
-
 impl Config {
     /// The defaults overlaid with `overlay` (the text of a user file, if any).
     pub fn parse(overlay: Option<(&str, &str)>) -> Result<Self, ConfigError> {
@@ -115,8 +104,8 @@ impl Config {
 
     /// The defaults overlaid with `overlay`, then with the `TROUPE_*` variables of
     /// `env`: the shortcuts `TROUPE_BIND`, `TROUPE_DATA_DIR` and
-    /// `TROUPE_DATABASE_URL`, and any key spelled as its path in capitals with `__`
-    /// between levels (`TROUPE_RUNTIME__MAX_ACTIVE_RUNS=8`,
+    /// `TROUPE_DATABASE_URL`, and any key of a section spelled as its path in
+    /// capitals with `__` between levels (`TROUPE_RUNTIME__MAX_ACTIVE_RUNS=8`,
     /// `TROUPE_SERVER__MAX_BODY_BYTES=65536`). A value is read as TOML (a number, a
     /// boolean, an array) when it parses as one, else as a string.
     pub fn load(
@@ -135,10 +124,8 @@ impl Config {
             if value.trim().is_empty() {
                 continue;
             }
-            set_path(&mut merged, &path, env_value(&value)).map_err(|message| ConfigError::Invalid {
-                origin: format!("environment variable {name}"),
-                message,
-            })?;
+            set_path(&mut merged, &path, env_value(&value))
+                .map_err(|message| ConfigError::Invalid { origin: format!("environment variable {name}"), message })?;
             from_env.push(name);
         }
         if !from_env.is_empty() {
@@ -169,7 +156,9 @@ fn env_key(name: &str) -> Option<Vec<String>> {
         return Some(key.split('.').map(str::to_owned).collect());
     }
     let rest = name.strip_prefix("TROUPE_")?;
-    if ENV_NOT_KEYS.contains(&name) || rest.is_empty() {
+    // Only names with a level separator are keys: other TROUPE_ variables (of
+    // tests, benchmarks, scripts) are not the config's business.
+    if !rest.contains("__") {
         return None;
     }
     Some(rest.split("__").map(str::to_ascii_lowercase).collect())
@@ -260,6 +249,7 @@ mod tests {
                 ("TROUPE_RUNTIME__MAX_ACTIVE_RUNS", "8"),
                 ("TROUPE_SERVER__SSE_KEEP_ALIVE", "2.5"),
                 ("TROUPE_LOG", "debug"),
+                ("TROUPE_TEST_PG_URL", "postgres://elsewhere"),
                 ("PATH", "/bin"),
             ]),
         )

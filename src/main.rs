@@ -19,12 +19,12 @@ use troupe::client::Client;
 use troupe::config::{Config, DEFAULT_AGENT_TOML, parse_agent};
 use troupe::daemon::Daemon;
 use troupe::demo;
+use troupe::llm::{EnvModel, build_models};
 use troupe::server::Auth;
 use troupe::server::api_types::RunView;
+use troupe::store::SqlStore;
 use troupe::view::View;
 use troupe_actors::Deps;
-use troupe::llm::{EnvModel, build_models};
-use troupe::store::SqlStore;
 use troupe_actors::store::RunStore;
 
 #[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
@@ -250,7 +250,9 @@ fn redact_url(url: &str) -> String {
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     match cli.command {
-        Command::Run { question, agent, follow, remote } => runtime.block_on(remote_run(remote, agent, question, follow)),
+        Command::Run { question, agent, follow, remote } => {
+            runtime.block_on(remote_run(remote, agent, question, follow))
+        }
         Command::Runs { command } => runtime.block_on(remote_runs(command)),
         Command::Agents { remote } => runtime.block_on(async {
             let agents = client(&remote)?.agents().await?;

@@ -25,6 +25,8 @@ pub struct View {
     line_shown: bool,
     frame: usize,
     answer_streamed: bool,
+    /// The cursor is after streamed answer text, mid-line.
+    mid_line: bool,
     started: Instant,
 }
 
@@ -38,6 +40,7 @@ impl View {
             line_shown: false,
             frame: 0,
             answer_streamed: false,
+            mid_line: false,
             started: Instant::now(),
         }
     }
@@ -53,17 +56,17 @@ impl View {
                 self.step(out, format!("turn {turn}"))?;
             }
             EventKind::ReasoningStep { summary, .. } => self.step(out, summary.clone())?,
-            EventKind::ToolCallStart { tool, .. } => self.step(out, format!("calling {tool}"))?,
             EventKind::ToolCallEnd { tool, status, duration_ms, summary, .. } => {
                 let mark = if *status == CallStatus::Completed { "✓" } else { "✗" };
-                let state = if *status == CallStatus::Completed { String::new() } else { format!(" {}", status.as_str()) };
+                let state =
+                    if *status == CallStatus::Completed { String::new() } else { format!(" {}", status.as_str()) };
                 // The plan is shown by `plan_updated`; other results get one short line.
                 let shown: String = if tool == "todo_write" {
                     String::new()
                 } else {
                     summary.lines().next().unwrap_or_default().chars().take(100).collect()
                 };
-                self.lines(out, &format!("  {mark} {tool}{state} · {duration_ms} ms  {shown}"))?;
+                self.lines(out, format!("  {mark} {tool}{state} · {duration_ms} ms  {shown}").trim_end())?;
             }
             EventKind::ToolSkipped { tool, reason, detail, .. } => {
                 self.lines(out, &format!("  ⊘ {tool} skipped ({}): {detail}", reason.as_str()))?;
@@ -88,6 +91,7 @@ impl View {
             EventKind::AssistantDelta { text, reasoning: false, .. } => {
                 self.collapse(out)?;
                 self.answer_streamed = true;
+                self.mid_line = true;
                 write!(out, "{text}")?;
             }
             EventKind::WaitingInput { prompt } => {
@@ -100,11 +104,10 @@ impl View {
             EventKind::Error { code, message } => self.lines(out, &format!("  ! {code}: {message}"))?,
             EventKind::FinalOutput { text, citations } => {
                 self.collapse(out)?;
-                if self.answer_streamed {
-                    writeln!(out)?;
-                } else {
+                if !self.answer_streamed {
                     writeln!(out, "{text}")?;
                 }
+                self.end_line(out)?;
                 for citation in citations {
                     let fragment = &citation.fragment;
                     let title = if fragment.title.is_empty() { &fragment.id } else { &fragment.title };
@@ -114,6 +117,7 @@ impl View {
             }
             EventKind::RunEnd { status, reason } => {
                 self.clear(out)?;
+                self.end_line(out)?;
                 let mark = if *status == RunStatus::Succeeded { "■" } else { "✘" };
                 let reason = reason.as_ref().map(|reason| format!(": {reason}")).unwrap_or_default();
                 let elapsed = self.started.elapsed().as_secs_f64();
@@ -147,9 +151,18 @@ impl View {
         Ok(())
     }
 
+    /// Ends a line of streamed answer text, if one is open.
+    fn end_line(&mut self, out: &mut impl Write) -> std::io::Result<()> {
+        if std::mem::take(&mut self.mid_line) {
+            writeln!(out)?;
+        }
+        Ok(())
+    }
+
     /// A reasoning step: kept for the live line, or printed where nothing redraws.
     fn step(&mut self, out: &mut impl Write, step: String) -> std::io::Result<()> {
         if !self.live {
+            self.end_line(out)?;
             writeln!(out, "  · {step}")?;
         }
         self.steps.push_back(step);
@@ -162,6 +175,7 @@ impl View {
     /// Permanent lines, printed above the live line.
     fn lines(&mut self, out: &mut impl Write, text: &str) -> std::io::Result<()> {
         self.clear(out)?;
+        self.end_line(out)?;
         writeln!(out, "{text}")
     }
 
@@ -177,6 +191,7 @@ impl View {
 
     fn redraw(&mut self, out: &mut impl Write) -> std::io::Result<()> {
         let Some(since) = self.thinking_since.filter(|_| self.live) else { return Ok(()) };
+        self.end_line(out)?;
         let steps: Vec<&str> = self.steps.iter().map(String::as_str).collect();
         let line = format!("{} Reasoning · {}s  {}", SPINNER[self.frame], since.elapsed().as_secs(), steps.join(" › "));
         let line: String = line.chars().take(LINE_WIDTH).collect();

@@ -41,12 +41,7 @@ impl Admission {
     /// `global` runs at once in all, `per_tenant` per tenant (0 = no tenant limit).
     pub fn new(global: usize, per_tenant: usize) -> Self {
         let global_limit = global.max(1);
-        Self {
-            global: Arc::new(Semaphore::new(global_limit)),
-            global_limit,
-            per_tenant,
-            tenants: Arc::default(),
-        }
+        Self { global: Arc::new(Semaphore::new(global_limit)), global_limit, per_tenant, tenants: Arc::default() }
     }
 
     /// A slot for a new run of `tenant`, or why not.

@@ -218,11 +218,7 @@ impl Runtime {
         Ok(())
     }
 
-    async fn start_session(
-        &self,
-        run_id: RunId,
-        permit: Option<Slot>,
-    ) -> Result<(), SubmitError> {
+    async fn start_session(&self, run_id: RunId, permit: Option<Slot>) -> Result<(), SubmitError> {
         let reply = ractor::call!(self.supervisor, |reply| SupervisorMsg::Start { run_id, permit, reply });
         match reply {
             Ok(Ok(())) => Ok(()),

@@ -43,7 +43,10 @@ struct BearerAuth;
 impl Modify for BearerAuth {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         let components = openapi.components.get_or_insert_with(Default::default);
-        components.add_security_scheme("bearer", SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()));
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
     }
 }
 
@@ -266,7 +269,8 @@ async fn list_runs(
 ) -> Result<Json<RunList>, ApiError> {
     let Query(query) = query?;
     let limit = query.limit.unwrap_or(50).clamp(1, MAX_LIST);
-    let runs = state.inner.runtime.store().list_runs(RunQuery { tenant: Some(tenant), status: query.status, limit }).await?;
+    let runs =
+        state.inner.runtime.store().list_runs(RunQuery { tenant: Some(tenant), status: query.status, limit }).await?;
     Ok(Json(RunList { runs: runs.into_iter().map(RunView::from).collect() }))
 }
 

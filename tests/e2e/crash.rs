@@ -146,15 +146,15 @@ async fn finish(mut command: Command) {
 }
 
 /// A folder with a store, a journal, a config and a `crash` agent, for one test.
-struct Sandbox {
-    dir: std::path::PathBuf,
-    journal: std::path::PathBuf,
-    store_url: String,
+pub(crate) struct Sandbox {
+    pub(crate) dir: std::path::PathBuf,
+    pub(crate) journal: std::path::PathBuf,
+    pub(crate) store_url: String,
 }
 
 impl Sandbox {
     /// `tools`: the agent's tool list, as TOML.
-    fn new(name: &str, tools: &str) -> Self {
+    pub(crate) fn new(name: &str, tools: &str) -> Self {
         let dir = std::env::temp_dir().join(format!("troupe-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("agents")).unwrap();
@@ -168,7 +168,7 @@ impl Sandbox {
     }
 
     /// The binary, on this sandbox, with `server` as its model.
-    fn troupe(&self, server: &FakeOpenAi, args: &[&str]) -> Command {
+    pub(crate) fn troupe(&self, server: &FakeOpenAi, args: &[&str]) -> Command {
         let mut command = Command::new(env!("CARGO_BIN_EXE_troupe"));
         command
             .args(args)

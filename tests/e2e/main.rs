@@ -3,6 +3,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod crash;
+mod daemon;
 mod demo;
 mod model;
+mod server;
 mod store;

@@ -1,0 +1,225 @@
+//! `troupe serve` as a user runs it: the real binary on a port it picks, driven
+//! over HTTP and by the CLI client; SIGTERM mid-run and a restart; `/metrics`
+//! checked by `promtool`.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use troupe::testing::fake_openai::{FakeOpenAi, FakeReply, text_stream, tool_call_stream};
+
+use crate::crash::Sandbox;
+
+const TOKEN: &str = "e2e-token";
+
+/// A running `troupe serve`.
+struct Served {
+    child: Child,
+    base: String,
+}
+
+impl Served {
+    /// Starts `command` (a `troupe serve`) and waits for its address line.
+    fn start(mut command: Command) -> Self {
+        command.args(["--bind", "127.0.0.1:0"]).env("TROUPE_API_TOKENS", format!("e2e={TOKEN}"));
+        let log =
+            std::env::temp_dir().join(format!("troupe-e2e-serve-{}-{}.log", std::process::id(), fastrand::u32(..)));
+        command.stdout(Stdio::piped()).stderr(std::fs::File::create(&log).unwrap());
+        let mut child = command.spawn().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (sender, receiver) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { return };
+                if let Some(address) = line.strip_prefix("troupe listening on ") {
+                    let _ = sender.send(address.to_owned());
+                }
+            }
+        });
+        let Ok(base) = receiver.recv_timeout(Duration::from_secs(60)) else {
+            panic!("the daemon did not announce its address; its log:\n{}", std::fs::read_to_string(&log).unwrap());
+        };
+        Self { child, base }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    async fn post_run(&self, input: &str, agent: &str) -> String {
+        let response = reqwest::Client::new()
+            .post(self.url("/v1/runs"))
+            .bearer_auth(TOKEN)
+            .json(&json!({"input": input, "agent": agent}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 201);
+        response.json::<Value>().await.unwrap()["run_id"].as_str().unwrap().to_owned()
+    }
+
+    /// The run's whole event stream, as the JSON of each event.
+    async fn events(&self, id: &str) -> Vec<Value> {
+        let response = reqwest::Client::new()
+            .get(self.url(&format!("/v1/runs/{id}/events")))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap();
+        let text = tokio::time::timeout(Duration::from_secs(60), response.text()).await.unwrap().unwrap();
+        text.lines()
+            .filter_map(|line| line.strip_prefix("data: "))
+            .map(|data| serde_json::from_str(data).unwrap())
+            .collect()
+    }
+
+    /// Sends SIGTERM and waits (a minute at most) for a clean exit.
+    fn terminate(mut self) {
+        let pid = self.child.id().to_string();
+        assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                assert!(status.success(), "the daemon exited with {status} after SIGTERM");
+                return;
+            }
+            assert!(Instant::now() < deadline, "the daemon did not stop within a minute of SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn seqs(events: &[Value]) -> Vec<u64> {
+    events.iter().map(|event| event["seq"].as_u64().unwrap()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_cut_by_sigterm_completes_after_a_restart() {
+    let sandbox = Sandbox::new("sigterm", r#"["text_stats"]"#);
+    // Turn 1 measures; the first ask for turn 2 hangs until the daemon stops; the
+    // restarted daemon asks again and gets the answer.
+    let act = tool_call_stream(&[("m", "text_stats", r#"{"text": "a b b"}"#)], 2);
+    let model = FakeOpenAi::start(vec![act, FakeReply::Hang, text_stream("Three words.", 2)], None).await.unwrap();
+
+    let daemon = Served::start(sandbox.troupe(&model, &["serve"]));
+    let id = daemon.post_run("measure a b b", "crash").await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while model.requests().len() < 2 {
+        assert!(Instant::now() < deadline, "turn 2 was never requested");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    daemon.terminate();
+
+    let daemon = Served::start(sandbox.troupe(&model, &["serve"]));
+    let events = daemon.events(&id).await;
+    assert_eq!(seqs(&events), (1..=events.len() as u64).collect::<Vec<_>>(), "gap-free across the restart");
+    let last = events.last().unwrap();
+    assert_eq!((last["kind"].as_str(), last["status"].as_str()), (Some("run_end"), Some("succeeded")));
+    let answer = events.iter().find(|event| event["kind"] == "final_output").unwrap();
+    assert_eq!(answer["text"], "Three words.");
+    assert_eq!(model.requests().len(), 3, "turn 1 was not asked again");
+    daemon.terminate();
+    let _ = std::fs::remove_dir_all(&sandbox.dir);
+}
+
+/// The binary on the offline model, in a data dir of its own.
+fn offline(dir: &std::path::Path, args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_troupe"));
+    command
+        .args(args)
+        .arg("--data-dir")
+        .arg(dir)
+        .env_remove("TROUPE_CONFIG")
+        .env_remove("TROUPE_AGENTS")
+        .env_remove("TROUPE_MODEL")
+        .env_remove("TROUPE_DATABASE_URL")
+        .env_remove("OPENAI_BASE_URL")
+        .env_remove("OPENAI_API_KEY");
+    command
+}
+
+fn scratch_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("troupe-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_follows_a_run_and_metrics_pass_promtool() {
+    let dir = scratch_dir("daemon-cli");
+    let daemon = Served::start(offline(&dir, &["serve"]));
+    let client = |args: &[&str]| {
+        let output = Command::new(env!("CARGO_BIN_EXE_troupe"))
+            .args(args)
+            .env("TROUPE_URL", &daemon.base)
+            .env("TROUPE_TOKEN", TOKEN)
+            .output()
+            .unwrap();
+        (output.status, String::from_utf8(output.stdout).unwrap(), String::from_utf8(output.stderr).unwrap())
+    };
+
+    let (status, shown, errors) = client(&["run", "--follow", "the cat saw the dog"]);
+    assert!(status.success(), "{errors}");
+    assert!(shown.contains("plan v1:") && shown.contains("✓ text_stats ·"), "{shown}");
+    assert!(shown.contains("Thought for ") && shown.contains("■ succeeded"), "{shown}");
+
+    let (status, listed, _) = client(&["runs", "list", "--json"]);
+    assert!(status.success());
+    let listed: Value = serde_json::from_str(&listed).unwrap();
+    assert_eq!(listed["runs"][0]["status"], "succeeded");
+    let (status, agents, _) = client(&["agents", "--json"]);
+    assert!(status.success());
+    assert_eq!(serde_json::from_str::<Value>(&agents).unwrap()[0]["name"], "default");
+    let (status, _, errors) = client(&["runs", "show", "01a20750-0000-7000-8000-000000000000"]);
+    assert!(!status.success() && errors.contains("404 not_found"), "{errors}");
+
+    let metrics = reqwest::get(daemon.url("/metrics")).await.unwrap().text().await.unwrap();
+    for expected in [
+        "troupe_runs_finished_total{agent=\"default\",status=\"succeeded\"} 1",
+        "troupe_turns_total",
+        "troupe_tool_calls_total{tool=\"text_stats\",status=\"completed\"}",
+        "troupe_http_requests_total{method=\"POST\",route=\"/v1/runs\",status=\"201\"} 1",
+        "troupe_http_request_duration_seconds_bucket",
+        "troupe_sse_clients",
+        "troupe_tool_queue_depth",
+    ] {
+        assert!(metrics.contains(expected), "/metrics lacks {expected}:\n{metrics}");
+    }
+    let checked = promtool(&metrics);
+    assert!(checked.status.success(), "promtool check metrics: {}", String::from_utf8_lossy(&checked.stderr));
+    daemon.terminate();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `promtool check metrics` on `text` (CI installs the Debian package `prometheus`).
+fn promtool(text: &str) -> std::process::Output {
+    use std::io::Write;
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool is installed (Debian package `prometheus`)");
+    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn serve_refuses_to_start_without_tokens_unless_told_to() {
+    let dir = scratch_dir("daemon-noauth");
+    let output = offline(&dir, &["serve", "--bind", "127.0.0.1:0"]).env_remove("TROUPE_API_TOKENS").output().unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let errors = String::from_utf8(output.stderr).unwrap();
+    assert!(errors.contains("TROUPE_API_TOKENS") && errors.contains("--insecure-no-auth"), "{errors}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

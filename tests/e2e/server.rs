@@ -1,0 +1,383 @@
+//! The HTTP API over real TCP (port 0), on a runtime with a scripted model: runs
+//! and their event streams, reconnection, tenant isolation, limits and timeouts.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+use troupe::client::SseParser;
+use troupe::server::{self, AppState, Auth, AuthConfig, ServerConfig};
+use troupe_actors::config::{AgentConfig, RuntimeConfig};
+use troupe_actors::llm::ModelRegistry;
+use troupe_actors::store::{MemoryStore, RunStore};
+use troupe_actors::testing::{EchoTool, ScriptedModel, Step, calls, text};
+use troupe_actors::tool::ToolRegistry;
+use troupe_actors::{Deps, Runtime};
+
+const ALPHA: &str = "alpha-token";
+const BETA: &str = "beta-token";
+
+struct TestServer {
+    base: String,
+    http: reqwest::Client,
+    shutdown: CancellationToken,
+    served: tokio::task::JoinHandle<()>,
+}
+
+/// A server over a fresh runtime: tenants `alpha` and `beta`, one agent `default`
+/// with the `echo` tool, `model` answering.
+async fn start(model: ScriptedModel, runtime_config: RuntimeConfig, server_config: ServerConfig) -> TestServer {
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let tools = ToolRegistry::new().with(Arc::new(EchoTool)).unwrap();
+    let agent = AgentConfig::new("default", "You are a test agent.", vec!["echo".to_owned()]);
+    let deps =
+        Deps { store, models: ModelRegistry::new(Arc::new(model)), tools, hooks: Vec::new(), agents: vec![agent] };
+    let runtime = Arc::new(Runtime::start(runtime_config, deps).await.unwrap());
+    let auth = Auth::new(&AuthConfig::default(), Some(&format!("alpha={ALPHA},beta={BETA}"))).unwrap();
+    let shutdown = CancellationToken::new();
+    let header_timeout = Duration::from_secs_f64(server_config.header_read_timeout);
+    let state = AppState::new(runtime, auth, server_config, None, shutdown.clone()).unwrap();
+    let (listener, address) = server::bind("127.0.0.1:0").await.unwrap();
+    let served = tokio::spawn(server::serve(
+        listener,
+        server::router(state),
+        header_timeout,
+        shutdown.clone(),
+        Duration::from_secs(5),
+    ));
+    TestServer { base: format!("http://{address}"), http: reqwest::Client::new(), shutdown, served }
+}
+
+/// Two turns: an `echo` call, then the answer.
+fn echo_then_answer() -> ScriptedModel {
+    ScriptedModel::per_turn(vec![calls(&[("echo", json!({"text": "hi"}))]), text("All done.")])
+}
+
+impl TestServer {
+    async fn default() -> Self {
+        start(echo_then_answer(), RuntimeConfig::default(), ServerConfig::default()).await
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    async fn send(&self, method: reqwest::Method, path: &str, token: Option<&str>, body: Option<Value>) -> Answer {
+        let mut request = self.http.request(method, self.url(path));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status();
+        let retry_after = response.headers().get("retry-after").map(|value| value.to_str().unwrap().to_owned());
+        let body = response.json::<Value>().await.unwrap_or(Value::Null);
+        Answer { status, body, retry_after }
+    }
+
+    async fn create(&self, token: &str, input: &str) -> String {
+        let answer = self.send(reqwest::Method::POST, "/v1/runs", Some(token), Some(json!({"input": input}))).await;
+        assert_eq!(answer.status, StatusCode::CREATED, "{}", answer.body);
+        answer.body["run_id"].as_str().unwrap().to_owned()
+    }
+
+    /// Opens the run's event stream, resuming after `last` if given.
+    async fn events(&self, token: &str, id: &str, last: Option<u64>) -> EventStream {
+        let mut request = self.http.get(self.url(&format!("/v1/runs/{id}/events"))).bearer_auth(token);
+        if let Some(last) = last {
+            request = request.header("Last-Event-ID", last.to_string());
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(response.headers()["content-type"], "text/event-stream");
+        EventStream { body: response.bytes_stream().boxed(), parser: SseParser::default(), ready: Vec::new() }
+    }
+}
+
+struct Answer {
+    status: StatusCode,
+    body: Value,
+    retry_after: Option<String>,
+}
+
+impl Answer {
+    fn code(&self) -> &str {
+        self.body["error"]["code"].as_str().unwrap_or_default()
+    }
+}
+
+/// `(id, event name, data)` of each SSE event.
+type Frame = (u64, String, Value);
+
+struct EventStream {
+    body: futures::stream::BoxStream<'static, reqwest::Result<bytes::Bytes>>,
+    parser: SseParser,
+    ready: Vec<Frame>,
+}
+
+impl EventStream {
+    /// The next event, or `None` when the server ended the stream.
+    async fn next(&mut self) -> Option<Frame> {
+        let read = async {
+            loop {
+                if !self.ready.is_empty() {
+                    return Some(self.ready.remove(0));
+                }
+                let chunk = self.body.next().await?.ok()?;
+                for frame in self.parser.push(&chunk) {
+                    let id = frame.id.unwrap().parse().unwrap();
+                    self.ready.push((id, frame.event.unwrap(), serde_json::from_str(&frame.data).unwrap()));
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(30), read).await.expect("no event within 30 s")
+    }
+
+    async fn rest(mut self) -> Vec<Frame> {
+        let mut frames = Vec::new();
+        while let Some(frame) = self.next().await {
+            frames.push(frame);
+        }
+        frames
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_posted_run_streams_every_event_in_order_to_run_end() {
+    let server = TestServer::default().await;
+    let id = server.create(ALPHA, "say hi").await;
+    let frames = server.events(ALPHA, &id, None).await.rest().await;
+
+    let ids: Vec<u64> = frames.iter().map(|(id, _, _)| *id).collect();
+    assert_eq!(ids, (1..=frames.len() as u64).collect::<Vec<_>>(), "ids are the seqs, gap-free from 1");
+    for (id, name, data) in &frames {
+        assert_eq!(data["seq"], json!(id));
+        assert_eq!(data["kind"], json!(name), "event: is the kind");
+    }
+    let names: Vec<&str> = frames.iter().map(|(_, name, _)| name.as_str()).collect();
+    assert_eq!(names.first(), Some(&"run_started"));
+    assert_eq!(names.last(), Some(&"run_end"));
+    assert!(names.contains(&"tool_call_end") && names.contains(&"final_output"), "{names:?}");
+    assert_eq!(names.iter().filter(|name| **name == "review").count(), 2, "one review per turn");
+
+    let run = server.send(reqwest::Method::GET, &format!("/v1/runs/{id}"), Some(ALPHA), None).await;
+    assert_eq!(run.body["status"], "succeeded");
+    assert_eq!(run.body["final_output"], "All done.");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconnect_with_last_event_id_gets_exactly_the_missing_events() {
+    // The second model call waits until the test lets it go, so the first
+    // connection drops while the run is still going.
+    let model = ScriptedModel::per_turn(vec![calls(&[("echo", json!({"text": "hi"}))]), Step::Hang]);
+    let server = start(model, RuntimeConfig::default(), ServerConfig::default()).await;
+    let id = server.create(ALPHA, "say hi").await;
+
+    let mut first = server.events(ALPHA, &id, None).await;
+    let mut seen = Vec::new();
+    while let Some(frame) = first.next().await {
+        let done = frame.1 == "turn_start" && frame.2["turn"] == 2;
+        seen.push(frame.0);
+        if done {
+            break;
+        }
+    }
+    drop(first);
+    let last = *seen.last().unwrap();
+    // The run goes on while nobody listens: it is cancelled, which ends it.
+    let cancel = server.send(reqwest::Method::POST, &format!("/v1/runs/{id}/cancel"), Some(ALPHA), None).await;
+    assert_eq!(cancel.status, StatusCode::OK, "{}", cancel.body);
+
+    let rest: Vec<Frame> = server.events(ALPHA, &id, Some(last)).await.rest().await;
+    let resumed: Vec<u64> = rest.iter().map(|(id, _, _)| *id).collect();
+    assert_eq!(resumed.first(), Some(&(last + 1)), "no gap, no duplicate at the seam");
+    assert_eq!(resumed, (last + 1..=last + rest.len() as u64).collect::<Vec<_>>());
+    assert_eq!(rest.last().unwrap().1, "run_end");
+
+    // `?after=` is the same cursor for clients that cannot set headers, and a
+    // reconnect after the end gets nothing and is closed.
+    let end = *resumed.last().unwrap();
+    let response = server
+        .http
+        .get(server.url(&format!("/v1/runs/{id}/events?after={}", end - 1)))
+        .bearer_auth(ALPHA)
+        .send()
+        .await
+        .unwrap();
+    let text = response.text().await.unwrap();
+    assert!(text.contains(&format!("id: {end}\n")) && !text.contains(&format!("id: {}\n", end - 1)), "{text}");
+    assert!(server.events(ALPHA, &id, Some(end)).await.rest().await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_tenant_gets_404_on_every_route_and_changes_nothing() {
+    let model = ScriptedModel::per_turn(vec![Step::Hang]);
+    let server = start(model, RuntimeConfig::default(), ServerConfig::default()).await;
+    let id = server.create(ALPHA, "private work").await;
+    let post = reqwest::Method::POST;
+    let get = reqwest::Method::GET;
+
+    let routes = [
+        (get.clone(), format!("/v1/runs/{id}"), None),
+        (get.clone(), format!("/v1/runs/{id}/events"), None),
+        (post.clone(), format!("/v1/runs/{id}/input"), Some(json!({"text": "hijack"}))),
+        (post.clone(), format!("/v1/runs/{id}/cancel"), None),
+    ];
+    for (method, path, body) in &routes {
+        let answer = server.send(method.clone(), path, Some(BETA), body.clone()).await;
+        assert_eq!(answer.status, StatusCode::NOT_FOUND, "{method} {path}: {}", answer.body);
+        assert_eq!(answer.code(), "not_found");
+        assert!(!answer.body.to_string().contains("private work"), "no data leaks: {}", answer.body);
+        // Exactly what a run that does not exist answers.
+        let missing = path.replace(&id, "01a20750-0000-7000-8000-000000000000");
+        let unknown = server.send(method.clone(), &missing, Some(BETA), body.clone()).await;
+        assert_eq!((unknown.status, unknown.body.clone()), (answer.status, answer.body.clone()));
+        // And without a token, nothing at all.
+        let anonymous = server.send(method.clone(), path, None, body.clone()).await;
+        assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED, "{method} {path}");
+        assert_eq!(anonymous.code(), "unauthorized");
+    }
+    let listing = server.send(get.clone(), "/v1/runs", Some(BETA), None).await;
+    assert_eq!(listing.body["runs"], json!([]), "beta lists none of alpha's runs");
+    for path in ["/v1/runs", "/v1/agents", "/v1/tools"] {
+        assert_eq!(server.send(get.clone(), path, Some("forged"), None).await.status, StatusCode::UNAUTHORIZED);
+    }
+
+    let run = server.send(get.clone(), &format!("/v1/runs/{id}"), Some(ALPHA), None).await;
+    assert_eq!(run.body["status"], "running", "beta's cancel changed nothing");
+    let listing = server.send(get, "/v1/runs", Some(ALPHA), None).await;
+    assert_eq!(listing.body["runs"][0]["run_id"], json!(id));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_typed_errors() {
+    let config = ServerConfig { max_body_bytes: 1024, ..ServerConfig::default() };
+    let server = start(echo_then_answer(), RuntimeConfig::default(), config).await;
+    let post = reqwest::Method::POST;
+
+    let huge = json!({"input": "x".repeat(4096)});
+    let answer = server.send(post.clone(), "/v1/runs", Some(ALPHA), Some(huge)).await;
+    assert_eq!((answer.status, answer.code()), (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"));
+
+    let malformed = server
+        .http
+        .post(server.url("/v1/runs"))
+        .bearer_auth(ALPHA)
+        .header("content-type", "application/json")
+        .body("{\"input\": ")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(malformed.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(malformed.json::<Value>().await.unwrap()["error"]["code"], "invalid_json");
+
+    let unknown =
+        server.send(post.clone(), "/v1/runs", Some(ALPHA), Some(json!({"agent": "nope", "input": "x"}))).await;
+    assert_eq!((unknown.status, unknown.code()), (StatusCode::NOT_FOUND, "unknown_agent"));
+    let extra = server.send(post.clone(), "/v1/runs", Some(ALPHA), Some(json!({"input": "x", "inptu": "y"}))).await;
+    assert_eq!((extra.status, extra.code()), (StatusCode::BAD_REQUEST, "invalid_json"));
+    let limits = json!({"input": "x", "limits": {"max_turns": 0, "max_parallel_tools": 1}});
+    let limits = server.send(post, "/v1/runs", Some(ALPHA), Some(limits)).await;
+    assert_eq!((limits.status, limits.code()), (StatusCode::BAD_REQUEST, "invalid_limits"));
+    let nowhere = server.send(reqwest::Method::GET, "/v2/nothing", Some(ALPHA), None).await;
+    assert_eq!((nowhere.status, nowhere.code()), (StatusCode::NOT_FOUND, "not_found"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_over_the_active_limits_get_429_with_retry_after() {
+    let runtime = RuntimeConfig { max_active_runs: 3, max_active_runs_per_tenant: 2, ..RuntimeConfig::default() };
+    let server = start(ScriptedModel::per_turn(vec![Step::Hang]), runtime, ServerConfig::default()).await;
+    server.create(ALPHA, "one").await;
+    server.create(ALPHA, "two").await;
+    let post = reqwest::Method::POST;
+
+    let tenant = server.send(post.clone(), "/v1/runs", Some(ALPHA), Some(json!({"input": "2b"}))).await;
+    assert_eq!((tenant.status, tenant.code()), (StatusCode::TOO_MANY_REQUESTS, "tenant_overloaded"));
+    assert_eq!(tenant.retry_after.as_deref(), Some("5"));
+
+    server.create(BETA, "three").await;
+    let global = server.send(post, "/v1/runs", Some(BETA), Some(json!({"input": "four"}))).await;
+    assert_eq!((global.status, global.code()), (StatusCode::TOO_MANY_REQUESTS, "overloaded"));
+    assert!(global.retry_after.is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_streams_over_the_tenant_limit_get_429() {
+    let config = ServerConfig { max_sse_clients_per_tenant: 1, ..ServerConfig::default() };
+    let server = start(ScriptedModel::per_turn(vec![Step::Hang]), RuntimeConfig::default(), config).await;
+    let id = server.create(ALPHA, "wait").await;
+    let open = server.events(ALPHA, &id, None).await;
+    let refused = server.send(reqwest::Method::GET, &format!("/v1/runs/{id}/events"), Some(ALPHA), None).await;
+    assert_eq!((refused.status, refused.code()), (StatusCode::TOO_MANY_REQUESTS, "too_many_streams"));
+    drop(open);
+    // The slot frees when the server notices the client left; poll with a deadline.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let response =
+            server.http.get(server.url(&format!("/v1/runs/{id}/events"))).bearer_auth(ALPHA).send().await.unwrap();
+        if response.status() == StatusCode::OK {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the stream slot was never freed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_sent_request_is_dropped_by_the_header_timeout() {
+    let config = ServerConfig { header_read_timeout: 1.0, ..ServerConfig::default() };
+    let server = start(echo_then_answer(), RuntimeConfig::default(), config).await;
+    let address = server.base.trim_start_matches("http://").to_owned();
+    let mut slow = tokio::net::TcpStream::connect(&address).await.unwrap();
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: troupe\r\n").await.unwrap();
+    let started = tokio::time::Instant::now();
+    let mut buffer = Vec::new();
+    // The server closes the connection (perhaps after a 408); it never answers 200.
+    let read = tokio::time::timeout(Duration::from_secs(20), slow.read_to_end(&mut buffer)).await;
+    assert!(read.is_ok(), "the half-sent request was still open after 20 s");
+    assert!(started.elapsed() >= Duration::from_millis(900), "dropped before the timeout");
+    assert!(!String::from_utf8_lossy(&buffer).contains("200 OK"));
+    // Meanwhile whole requests are served.
+    let health = server.send(reqwest::Method::GET, "/healthz", None, None).await;
+    assert_eq!(health.status, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_ends_open_event_streams_and_the_server() {
+    let server =
+        start(ScriptedModel::per_turn(vec![Step::Hang]), RuntimeConfig::default(), ServerConfig::default()).await;
+    let id = server.create(ALPHA, "wait").await;
+    let mut stream = server.events(ALPHA, &id, None).await;
+    assert_eq!(stream.next().await.unwrap().1, "run_started");
+    server.shutdown.cancel();
+    let rest = stream.rest().await;
+    assert!(rest.iter().all(|(_, name, _)| name != "run_end"), "the run did not end, the stream did");
+    tokio::time::timeout(Duration::from_secs(10), server.served).await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_catalog_health_and_openapi_routes_answer() {
+    let server = TestServer::default().await;
+    let get = reqwest::Method::GET;
+    let agents = server.send(get.clone(), "/v1/agents", Some(ALPHA), None).await;
+    assert_eq!(agents.body[0]["name"], "default");
+    assert_eq!(agents.body[0]["tools"], json!(["echo"]));
+    let tools = server.send(get.clone(), "/v1/tools", Some(ALPHA), None).await;
+    assert_eq!(tools.body[0]["name"], "echo");
+    assert_eq!(tools.body[0]["parameters"]["type"], "object");
+    assert_eq!(server.send(get.clone(), "/healthz", None, None).await.status, StatusCode::OK);
+    assert_eq!(server.send(get.clone(), "/readyz", None, None).await.body["status"], "ready");
+
+    let document = server.send(get, "/openapi.json", None, None).await.body;
+    assert!(document["openapi"].as_str().unwrap().starts_with("3.1"), "{}", document["openapi"]);
+    for path in ["/v1/runs", "/v1/runs/{id}", "/v1/runs/{id}/events", "/v1/runs/{id}/input", "/v1/runs/{id}/cancel"] {
+        assert!(document["paths"][path].is_object(), "{path} is documented");
+    }
+    assert!(document["components"]["securitySchemes"]["bearer"].is_object());
+}
