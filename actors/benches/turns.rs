@@ -90,7 +90,8 @@ async fn footprint(parked: usize, planned: bool) -> f64 {
     let model = Arc::new(ScriptedModel::per_turn(script).quiet());
     let tools = ToolRegistry::new().with(Arc::new(EchoTool)).unwrap();
     let agent = AgentConfig::new("bench", "You are a benchmark.", vec!["echo".into()]);
-    let config = RuntimeConfig { max_active_runs: parked + 1, ..RuntimeConfig::default() };
+    let config =
+        RuntimeConfig { max_active_runs: parked + 1, max_active_runs_per_tenant: 0, ..RuntimeConfig::default() };
     let deps = Deps {
         store: Arc::new(MemoryStore::new()),
         models: ModelRegistry::new(model.clone()),

@@ -1,11 +1,16 @@
-//! Admission: how many runs may have a live session, in all and per tenant. A
-//! submission takes a [`Slot`] before anything is written; the supervisor keeps it
-//! with the run's session and drops it when the session ends, which frees it.
+//! Admission: how many runs may have a live session, in all and per tenant, and
+//! how many may wait for one. A submission takes a [`Slot`] before anything is
+//! written; the supervisor keeps it with the run's session and drops it when the
+//! session ends, which frees it and wakes the [`RunQueue`]'s dispatcher. A run
+//! that finds no slot waits in the queue (stored as `queued`) while the queue has
+//! room, and is refused otherwise.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+
+use crate::protocol::RunId;
 
 /// Why no slot was given.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,6 +33,7 @@ pub struct Admission {
     global_limit: usize,
     per_tenant: usize,
     tenants: Arc<Mutex<HashMap<String, usize>>>,
+    freed: Arc<Notify>,
 }
 
 /// A run's place among the active runs; dropping it frees the place.
@@ -35,13 +41,25 @@ pub struct Slot {
     _global: Option<OwnedSemaphorePermit>,
     tenant: String,
     tenants: Arc<Mutex<HashMap<String, usize>>>,
+    freed: Arc<Notify>,
 }
 
 impl Admission {
     /// `global` runs at once in all, `per_tenant` per tenant (0 = no tenant limit).
     pub fn new(global: usize, per_tenant: usize) -> Self {
         let global_limit = global.max(1);
-        Self { global: Arc::new(Semaphore::new(global_limit)), global_limit, per_tenant, tenants: Arc::default() }
+        Self {
+            global: Arc::new(Semaphore::new(global_limit)),
+            global_limit,
+            per_tenant,
+            tenants: Arc::default(),
+            freed: Arc::new(Notify::new()),
+        }
+    }
+
+    /// Notified whenever a slot is freed (and when a run is queued).
+    pub fn freed(&self) -> Arc<Notify> {
+        self.freed.clone()
     }
 
     /// A slot for a new run of `tenant`, or why not.
@@ -54,7 +72,7 @@ impl Admission {
         let permit =
             self.global.clone().try_acquire_owned().map_err(|_| Refusal::Global { limit: self.global_limit })?;
         tenants.insert(tenant.to_owned(), count + 1);
-        Ok(Slot { _global: Some(permit), tenant: tenant.to_owned(), tenants: self.tenants.clone() })
+        Ok(self.slot(Some(permit), tenant))
     }
 
     /// A slot for a run admitted by an earlier process: it counts against the
@@ -63,7 +81,11 @@ impl Admission {
         let mut tenants = self.tenants.lock().unwrap_or_else(PoisonError::into_inner);
         *tenants.entry(tenant.to_owned()).or_insert(0) += 1;
         let permit = self.global.clone().try_acquire_owned().ok();
-        Slot { _global: permit, tenant: tenant.to_owned(), tenants: self.tenants.clone() }
+        self.slot(permit, tenant)
+    }
+
+    fn slot(&self, permit: Option<OwnedSemaphorePermit>, tenant: &str) -> Slot {
+        Slot { _global: permit, tenant: tenant.to_owned(), tenants: self.tenants.clone(), freed: self.freed.clone() }
     }
 
     /// Runs of `tenant` holding a slot.
@@ -81,12 +103,133 @@ impl Drop for Slot {
                 tenants.remove(&self.tenant);
             }
         }
+        drop(tenants);
+        // The global permit is released after this body; the dispatcher takes the
+        // lock above before it looks, so it sees both.
+        self.freed.notify_one();
+    }
+}
+
+/// Why a run could not be queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueFull {
+    /// The queue holds `limit` runs.
+    Global {
+        /// The limit.
+        limit: usize,
+    },
+    /// The tenant has `limit` runs queued.
+    Tenant {
+        /// The limit.
+        limit: usize,
+    },
+}
+
+/// Runs waiting for a slot, oldest first. Bounded in all and per tenant, so one
+/// tenant cannot fill it.
+pub struct RunQueue {
+    waiting: Mutex<VecDeque<(RunId, String)>>,
+    limit: usize,
+    per_tenant: usize,
+}
+
+impl RunQueue {
+    /// A queue of at most `limit` runs, `per_tenant` of one tenant (0 = no
+    /// tenant limit).
+    pub fn new(limit: usize, per_tenant: usize) -> Self {
+        Self { waiting: Mutex::default(), limit, per_tenant }
+    }
+
+    /// Whether a run of `tenant` would be queued.
+    pub fn has_room(&self, tenant: &str) -> Result<(), QueueFull> {
+        let waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        Self::room(&waiting, self.limit, self.per_tenant, tenant)
+    }
+
+    fn room(
+        waiting: &VecDeque<(RunId, String)>,
+        limit: usize,
+        per_tenant: usize,
+        tenant: &str,
+    ) -> Result<(), QueueFull> {
+        if waiting.len() >= limit {
+            return Err(QueueFull::Global { limit });
+        }
+        if per_tenant > 0 && waiting.iter().filter(|(_, owner)| owner == tenant).count() >= per_tenant {
+            return Err(QueueFull::Tenant { limit: per_tenant });
+        }
+        Ok(())
+    }
+
+    /// Adds a run at the back. `force` skips the bounds (runs queued by an
+    /// earlier process).
+    pub fn push(&self, run_id: RunId, tenant: &str, force: bool) -> Result<(), QueueFull> {
+        let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        if !force {
+            Self::room(&waiting, self.limit, self.per_tenant, tenant)?;
+        }
+        waiting.push_back((run_id, tenant.to_owned()));
+        Ok(())
+    }
+
+    /// Takes a run out (it was cancelled); whether it was there.
+    pub fn remove(&self, run_id: RunId) -> bool {
+        let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        let before = waiting.len();
+        waiting.retain(|(queued, _)| *queued != run_id);
+        waiting.len() != before
+    }
+
+    /// Runs waiting.
+    pub fn len(&self) -> usize {
+        self.waiting.lock().unwrap_or_else(PoisonError::into_inner).len()
+    }
+
+    /// Whether no run waits.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The oldest run that can be admitted now, with its slot: a tenant at its
+    /// own limit does not hold up the others.
+    pub fn take_admissible(&self, admission: &Admission) -> Option<(RunId, Slot)> {
+        let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        for index in 0..waiting.len() {
+            match admission.try_admit(&waiting[index].1) {
+                Ok(slot) => return waiting.remove(index).map(|(run_id, _)| (run_id, slot)),
+                Err(Refusal::Tenant { .. }) => continue,
+                Err(Refusal::Global { .. }) => return None,
+            }
+        }
+        None
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_queue_hands_out_the_oldest_admissible_run_and_holds_its_bounds() {
+        let admission = Admission::new(2, 1);
+        let queue = RunQueue::new(3, 2);
+        let (a1, a2, b1) = (RunId::new(), RunId::new(), RunId::new());
+        queue.push(a1, "a", false).unwrap();
+        queue.push(a2, "a", false).unwrap();
+        assert_eq!(queue.push(RunId::new(), "a", false), Err(QueueFull::Tenant { limit: 2 }));
+        queue.push(b1, "b", false).unwrap();
+        assert_eq!(queue.has_room("c"), Err(QueueFull::Global { limit: 3 }));
+
+        let (first, slot_a) = queue.take_admissible(&admission).unwrap();
+        assert_eq!(first, a1);
+        // `a` is at its limit: `b` goes ahead of a2.
+        let (second, _slot_b) = queue.take_admissible(&admission).unwrap();
+        assert_eq!(second, b1);
+        assert!(queue.take_admissible(&admission).is_none());
+        drop(slot_a);
+        assert_eq!(queue.take_admissible(&admission).map(|(run_id, _)| run_id), Some(a2));
+        assert!(queue.is_empty());
+    }
 
     #[test]
     fn a_tenant_at_its_limit_is_refused_while_others_are_admitted() {

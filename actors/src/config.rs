@@ -31,10 +31,15 @@ impl Default for RestartPolicy {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RuntimeConfig {
-    /// Runs with a live session at once; more are refused with `Overloaded`.
+    /// Runs with a live session at once; more wait in the run queue.
     pub max_active_runs: usize,
     /// Of those, runs one tenant may have; 0 for no per-tenant limit.
     pub max_active_runs_per_tenant: usize,
+    /// Runs waiting (stored as `queued`) for a slot; beyond it, and beyond the
+    /// per-tenant bound, submissions are refused.
+    pub max_queued_runs: usize,
+    /// Of those, runs of one tenant; 0 for no per-tenant bound.
+    pub max_queued_runs_per_tenant: usize,
     /// Restart intensity per run session (a meltdown fails the run) and for the
     /// shared actors (a meltdown stops the runtime).
     pub restarts: RestartPolicy,
@@ -60,6 +65,8 @@ impl Default for RuntimeConfig {
         Self {
             max_active_runs: 64,
             max_active_runs_per_tenant: 16,
+            max_queued_runs: 256,
+            max_queued_runs_per_tenant: 64,
             restarts: RestartPolicy::default(),
             tool_pool: ToolPoolConfig::default(),
             hooks: HookConfig::default(),

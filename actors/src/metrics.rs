@@ -12,6 +12,8 @@ pub const RUNS_STARTED_TOTAL: &str = "troupe_runs_started_total";
 pub const RUNS_FINISHED_TOTAL: &str = "troupe_runs_finished_total";
 /// Runs with a live session.
 pub const RUNS_ACTIVE: &str = "troupe_runs_active";
+/// Runs waiting in the run queue for a slot.
+pub const RUNS_QUEUED: &str = "troupe_runs_queued";
 /// Runs resumed from the store after a restart.
 pub const RUNS_RECOVERED_TOTAL: &str = "troupe_runs_recovered_total";
 /// Submissions refused by admission control, by reason.
@@ -90,6 +92,11 @@ pub fn run_finished(agent: &str, status: &'static str) {
 /// The number of live sessions.
 pub fn runs_active(count: usize) {
     gauge!(RUNS_ACTIVE).set(count as f64);
+}
+
+/// The number of runs waiting for a slot.
+pub fn runs_queued(count: usize) {
+    gauge!(RUNS_QUEUED).set(count as f64);
 }
 
 /// A run was resumed from the store.
@@ -206,6 +213,7 @@ pub fn describe() {
     describe_counter!(RUNS_STARTED_TOTAL, "Runs accepted, by agent.");
     describe_counter!(RUNS_FINISHED_TOTAL, "Runs that reached a terminal state, by agent and status.");
     describe_gauge!(RUNS_ACTIVE, "Runs with a live session.");
+    describe_gauge!(RUNS_QUEUED, "Runs waiting in the run queue for a slot.");
     describe_counter!(RUNS_RECOVERED_TOTAL, "Runs resumed from the store after a restart.");
     describe_counter!(ADMISSION_REJECTED_TOTAL, "Submissions refused by admission control, by reason.");
     describe_counter!(TURNS_TOTAL, "Turns completed.");

@@ -16,7 +16,7 @@ use futures::stream::BoxStream;
 use ractor::{Actor, ActorRef};
 use tracing::{info, warn};
 
-use crate::admission::{Admission, Refusal, Slot};
+use crate::admission::{Admission, QueueFull, Refusal, RunQueue, Slot};
 use crate::config::{AgentConfig, RuntimeConfig};
 use crate::events::{self, EventHub};
 use crate::hooks::{HookChain, ToolHook};
@@ -103,14 +103,14 @@ pub enum SubmitError {
     /// The limits make no sense.
     #[error("invalid limits: {0}")]
     InvalidLimits(String),
-    /// Too many runs are active; try again later.
-    #[error("too many active runs (limit {limit}); try again later")]
+    /// Too many runs are active and the queue is full; try again later.
+    #[error("too many active runs (limit {limit}) and the run queue is full; try again later")]
     Overloaded {
         /// The limit.
         limit: usize,
     },
-    /// The tenant has too many active runs; try again later.
-    #[error("too many active runs for this tenant (limit {limit}); try again later")]
+    /// The tenant has too many active runs and queued ones; try again later.
+    #[error("too many active runs for this tenant (limit {limit}) and its queue is full; try again later")]
     TenantOverloaded {
         /// The limit.
         limit: usize,
@@ -161,7 +161,9 @@ pub enum CancelError {
 pub struct Runtime {
     shared: Arc<RuntimeShared>,
     supervisor: ActorRef<SupervisorMsg>,
-    admission: Admission,
+    admission: Arc<Admission>,
+    queue: Arc<RunQueue>,
+    dispatcher: tokio::task::JoinHandle<()>,
 }
 
 impl Runtime {
@@ -194,8 +196,10 @@ impl Runtime {
         let supervisor = Supervisor { shared: shared.clone() };
         let (supervisor, _) =
             Actor::spawn(None, supervisor, ()).await.map_err(|error| RuntimeError::Spawn(error.to_string()))?;
-        let admission = Admission::new(config.max_active_runs, config.max_active_runs_per_tenant);
-        let runtime = Self { shared, supervisor, admission };
+        let admission = Arc::new(Admission::new(config.max_active_runs, config.max_active_runs_per_tenant));
+        let queue = Arc::new(RunQueue::new(config.max_queued_runs, config.max_queued_runs_per_tenant));
+        let dispatcher = tokio::spawn(dispatch(shared.clone(), supervisor.clone(), admission.clone(), queue.clone()));
+        let runtime = Self { shared, supervisor, admission, queue, dispatcher };
         runtime.recover().await?;
         Ok(runtime)
     }
@@ -209,25 +213,20 @@ impl Runtime {
         }
         for run_id in unfinished {
             let Some(run) = self.shared.store.get_run(run_id).await? else { continue };
+            if run.status == RunStatus::Queued {
+                // It waits its turn again, ahead of anything submitted from now on.
+                let _ = self.queue.push(run_id, &run.tenant, true);
+                continue;
+            }
             let slot = self.admission.readmit(&run.tenant);
-            match self.start_session(run_id, Some(slot)).await {
+            match start_session(&self.supervisor, run_id, Some(slot)).await {
                 Ok(()) => metrics::run_recovered(),
                 Err(error) => warn!(run_id = %run_id, %error, "could not resume run"),
             }
         }
+        metrics::runs_queued(self.queue.len());
+        self.admission.freed().notify_one();
         Ok(())
-    }
-
-    async fn start_session(&self, run_id: RunId, permit: Option<Slot>) -> Result<(), SubmitError> {
-        let reply = ractor::call!(self.supervisor, |reply| SupervisorMsg::Start { run_id, permit, reply });
-        match reply {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(error)) => {
-                warn!(run_id = %run_id, %error, "session did not start");
-                Err(SubmitError::Unavailable)
-            }
-            Err(_) => Err(SubmitError::Unavailable),
-        }
     }
 
     /// Accepts a run: admission, the run and its `run_started` event committed,
@@ -245,21 +244,32 @@ impl Runtime {
         if !self.accepting() {
             return Err(SubmitError::Unavailable);
         }
-        let permit = match self.admission.try_admit(&tenant) {
-            Ok(slot) => slot,
-            Err(Refusal::Global { limit }) => {
-                metrics::admission_rejected("overloaded");
-                return Err(SubmitError::Overloaded { limit });
-            }
-            Err(Refusal::Tenant { limit }) => {
-                metrics::admission_rejected("tenant_overloaded");
-                return Err(SubmitError::TenantOverloaded { limit });
-            }
+        // Runs already waiting go first: a new one takes a free slot only when
+        // nobody is queued.
+        let (permit, tenant_bound) = match self.admission.try_admit(&tenant) {
+            Ok(slot) if self.queue.is_empty() => (Some(slot), false),
+            Ok(_) => (None, false),
+            Err(refusal) => (None, matches!(refusal, Refusal::Tenant { .. })),
         };
+        if permit.is_none() {
+            match self.queue.has_room(&tenant) {
+                Ok(()) => {}
+                Err(QueueFull::Tenant { .. }) => return Err(self.refuse_tenant()),
+                Err(QueueFull::Global { .. }) if tenant_bound => return Err(self.refuse_tenant()),
+                Err(QueueFull::Global { .. }) => {
+                    metrics::admission_rejected("overloaded");
+                    return Err(SubmitError::Overloaded { limit: self.shared.config.max_active_runs });
+                }
+            }
+        }
         let run_id = RunId::new();
         let now = Utc::now();
-        let mut record = RunRecord::accepted(run_id, tenant, spec.agent.clone(), spec.input.clone(), limits, now);
+        let mut record =
+            RunRecord::accepted(run_id, tenant.clone(), spec.agent.clone(), spec.input.clone(), limits, now);
         record.parent_run_id = parent_run_id;
+        if permit.is_none() {
+            record.status = RunStatus::Queued;
+        }
         let started = RunEvent {
             run_id,
             seq: 1,
@@ -269,13 +279,27 @@ impl Runtime {
         };
         self.shared.store.create_run(record, vec![started]).await?;
         metrics::run_started(&spec.agent);
-        if let Err(error) = self.start_session(run_id, Some(permit)).await {
+        let Some(permit) = permit else {
+            // Stored as queued before it is queued, so the dispatcher always finds
+            // it. Concurrent submissions may pass `has_room` together and overfill
+            // the queue by at most their number.
+            let _ = self.queue.push(run_id, &tenant, true);
+            metrics::runs_queued(self.queue.len());
+            self.admission.freed().notify_one();
+            return Ok(run_id);
+        };
+        if let Err(error) = start_session(&self.supervisor, run_id, Some(permit)).await {
             // The run is durable; record that it could not start rather than lose it.
             let _ = end_run(&self.shared, run_id, RunStatus::Failed, "the runtime could not start the run".to_owned())
                 .await;
             return Err(error);
         }
         Ok(run_id)
+    }
+
+    fn refuse_tenant(&self) -> SubmitError {
+        metrics::admission_rejected("tenant_overloaded");
+        SubmitError::TenantOverloaded { limit: self.shared.config.max_active_runs_per_tenant }
     }
 
     /// Every event of the run after seq `after`, then live events until `run_end`.
@@ -317,6 +341,9 @@ impl Runtime {
 
     /// Cancels a run; returns once `run_end` is committed.
     pub async fn cancel(&self, run_id: RunId) -> Result<(), CancelError> {
+        if self.queue.remove(run_id) {
+            metrics::runs_queued(self.queue.len());
+        }
         let Some(run) = self.shared.store.get_run(run_id).await? else {
             return Err(CancelError::NotFound);
         };
@@ -373,6 +400,11 @@ impl Runtime {
         Ok(self.shared.store.get_run(run_id).await?.is_some_and(|run| run.status == RunStatus::WaitingInput))
     }
 
+    /// Runs waiting for a slot.
+    pub fn queued_runs(&self) -> usize {
+        self.queue.len()
+    }
+
     /// Runs with a live session.
     pub async fn active_runs(&self) -> usize {
         ractor::call!(self.supervisor, |reply| SupervisorMsg::ActiveRuns { reply }).unwrap_or(0)
@@ -407,6 +439,8 @@ impl Runtime {
     /// Stops every actor within `deadline`. Runs keep their last commit and resume
     /// on the next start.
     pub async fn shutdown(&self, deadline: Duration) {
+        // Queued runs stay `queued` in the store and queue again on the next start.
+        self.dispatcher.abort();
         if self.supervisor.stop_and_wait(Some("shutdown".to_owned()), Some(deadline)).await.is_err() {
             warn!("actors did not stop in time; killing them");
             self.supervisor.kill();
@@ -414,6 +448,61 @@ impl Runtime {
         // Open streams read what the store has and end.
         self.shared.hub.close_all();
     }
+}
+
+/// Starts a session for a run in the store.
+async fn start_session(
+    supervisor: &ActorRef<SupervisorMsg>,
+    run_id: RunId,
+    permit: Option<Slot>,
+) -> Result<(), SubmitError> {
+    let reply = ractor::call!(supervisor, |reply| SupervisorMsg::Start { run_id, permit, reply });
+    match reply {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(error)) => {
+            warn!(run_id = %run_id, %error, "session did not start");
+            Err(SubmitError::Unavailable)
+        }
+        Err(_) => Err(SubmitError::Unavailable),
+    }
+}
+
+/// Starts queued runs as slots free up, oldest first (a tenant at its own limit
+/// does not hold up the others). Runs for the runtime's life.
+async fn dispatch(
+    shared: Arc<RuntimeShared>,
+    supervisor: ActorRef<SupervisorMsg>,
+    admission: Arc<Admission>,
+    queue: Arc<RunQueue>,
+) {
+    let freed = admission.freed();
+    loop {
+        freed.notified().await;
+        while let Some((run_id, slot)) = queue.take_admissible(&admission) {
+            metrics::runs_queued(queue.len());
+            if let Err(error) = start_queued(&shared, &supervisor, run_id, slot).await {
+                // It stays in the store as it was; the next start resumes it.
+                warn!(run_id = %run_id, %error, "a queued run could not start");
+            }
+        }
+    }
+}
+
+/// Moves a queued run to `running` and starts its session, unless it was
+/// cancelled while it waited.
+async fn start_queued(
+    shared: &RuntimeShared,
+    supervisor: &ActorRef<SupervisorMsg>,
+    run_id: RunId,
+    slot: Slot,
+) -> Result<(), SubmitError> {
+    match shared.store.get_run(run_id).await? {
+        Some(run) if run.status == RunStatus::Queued => {}
+        _ => return Ok(()),
+    }
+    let writes = vec![StoreWrite::Status { status: RunStatus::Running, reason: None }];
+    shared.store.commit(&Commit { run_id, writes, events: Vec::new() }).await?;
+    start_session(supervisor, run_id, Some(slot)).await
 }
 
 /// Agents by name, after checking their tools exist.

@@ -448,7 +448,12 @@ pub mod bench {
         let agent = AgentConfig::new("bench", "You are a benchmark.", vec!["echo".into()]);
         // The scripted answer leaves a task open; no reflection turn, so every run
         // has exactly three turns.
-        let config = RuntimeConfig { max_active_runs, max_reflections: 0, ..RuntimeConfig::default() };
+        let config = RuntimeConfig {
+            max_active_runs,
+            max_active_runs_per_tenant: 0,
+            max_reflections: 0,
+            ..RuntimeConfig::default()
+        };
         let deps =
             Deps { store, models: ModelRegistry::new(Arc::new(model)), tools, hooks: Vec::new(), agents: vec![agent] };
         Runtime::start(config, deps).await.map_err(|error| error.to_string())

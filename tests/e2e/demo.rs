@@ -58,7 +58,8 @@ fn the_human_view_shows_plan_tools_reviews_and_the_answer() {
     let output = troupe(&["demo", "one two two"]);
     assert!(output.status.success());
     let text = String::from_utf8(output.stdout).unwrap();
-    for needle in ["· turn 1", "plan v1:", "✓ text_stats", "review: proceed", "Thought for", "3 words", "■ succeeded"] {
+    for needle in ["· turn 1", "plan v1:", "✓ text_stats", "review: proceed", "Thought for", "3 words", "■ succeeded"]
+    {
         assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
     }
 }

@@ -290,21 +290,39 @@ async fn bad_requests_get_typed_errors() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn runs_over_the_active_limits_get_429_with_retry_after() {
-    let runtime = RuntimeConfig { max_active_runs: 3, max_active_runs_per_tenant: 2, ..RuntimeConfig::default() };
+async fn runs_over_the_active_limit_queue_and_get_429_when_the_queue_is_full() {
+    let runtime = RuntimeConfig {
+        max_active_runs: 1,
+        max_active_runs_per_tenant: 1,
+        max_queued_runs: 1,
+        ..RuntimeConfig::default()
+    };
     let server = start(ScriptedModel::per_turn(vec![Step::Hang]), runtime, ServerConfig::default()).await;
-    server.create(ALPHA, "one").await;
-    server.create(ALPHA, "two").await;
+    let first = server.create(ALPHA, "one").await;
     let post = reqwest::Method::POST;
 
-    let tenant = server.send(post.clone(), "/v1/runs", Some(ALPHA), Some(json!({"input": "2b"}))).await;
+    let queued = server.send(post.clone(), "/v1/runs", Some(ALPHA), Some(json!({"input": "two"}))).await;
+    assert_eq!(queued.status, StatusCode::CREATED);
+    assert_eq!(queued.body["status"], "queued");
+
+    let tenant = server.send(post.clone(), "/v1/runs", Some(ALPHA), Some(json!({"input": "three"}))).await;
     assert_eq!((tenant.status, tenant.code()), (StatusCode::TOO_MANY_REQUESTS, "tenant_overloaded"));
     assert_eq!(tenant.retry_after.as_deref(), Some("5"));
-
-    server.create(BETA, "three").await;
-    let global = server.send(post, "/v1/runs", Some(BETA), Some(json!({"input": "four"}))).await;
+    let global = server.send(post.clone(), "/v1/runs", Some(BETA), Some(json!({"input": "four"}))).await;
     assert_eq!((global.status, global.code()), (StatusCode::TOO_MANY_REQUESTS, "overloaded"));
     assert!(global.retry_after.is_some());
+
+    // The queued run starts when the first ends.
+    let cancel = server.send(post, &format!("/v1/runs/{first}/cancel"), Some(ALPHA), None).await;
+    assert_eq!(cancel.status, StatusCode::OK);
+    let id = queued.body["run_id"].as_str().unwrap();
+    let mut events = server.events(ALPHA, id, None).await;
+    while let Some((_, name, _)) = events.next().await {
+        if name == "turn_start" {
+            return;
+        }
+    }
+    panic!("the queued run never started");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -346,6 +364,14 @@ async fn a_half_sent_request_is_dropped_by_the_header_timeout() {
     // Meanwhile whole requests are served.
     let health = server.send(reqwest::Method::GET, "/healthz", None, None).await;
     assert_eq!(health.status, StatusCode::OK);
+
+    // A keep-alive connection that goes quiet after a request is dropped too.
+    let mut idle = tokio::net::TcpStream::connect(&address).await.unwrap();
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: troupe\r\n\r\n").await.unwrap();
+    let mut buffer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(20), idle.read_to_end(&mut buffer)).await;
+    assert!(read.is_ok(), "an idle keep-alive connection was still open after 20 s");
+    assert!(String::from_utf8_lossy(&buffer).starts_with("HTTP/1.1 200 OK"), "the request itself was answered");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -71,6 +71,7 @@ async fn cancel_interrupts_a_running_tool() {
 async fn admission_refuses_runs_beyond_the_limit_until_a_slot_frees() {
     let mut setup = Setup::new(ScriptedModel::per_turn(vec![Step::Hang]));
     setup.config.max_active_runs = 1;
+    setup.config.max_queued_runs = 0;
     let harness = setup.start().await;
     let first = harness.submit("occupy the slot").await;
     let refused = harness.runtime.submit(SubmitRequest::new(AGENT, "one too many")).await;
@@ -110,6 +111,7 @@ async fn a_subscription_to_an_ended_run_replays_what_is_missing_and_ends() {
 async fn a_tenant_over_its_limit_is_refused_while_another_tenant_is_admitted() {
     let mut setup = Setup::new(ScriptedModel::per_turn(vec![Step::Hang]));
     setup.config.max_active_runs_per_tenant = 1;
+    setup.config.max_queued_runs = 0;
     let harness = setup.start().await;
     let request = |tenant: &str| {
         let mut request = SubmitRequest::new(crate::tests::AGENT, "wait");
@@ -119,4 +121,79 @@ async fn a_tenant_over_its_limit_is_refused_while_another_tenant_is_admitted() {
     harness.runtime.submit(request("a")).await.unwrap();
     assert_eq!(harness.runtime.submit(request("a")).await, Err(SubmitError::TenantOverloaded { limit: 1 }));
     harness.runtime.submit(request("b")).await.unwrap();
+}
+
+/// Polls the run's status until it is `wanted`.
+async fn wait_status(harness: &crate::tests::Harness, run_id: crate::protocol::RunId, wanted: RunStatus) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = harness.runtime.get(run_id).await.unwrap().unwrap().status;
+        if status == wanted {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "run {run_id} stayed {status:?}, never {wanted:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_over_the_limit_waits_queued_and_starts_when_a_slot_frees() {
+    let mut setup = Setup::new(ScriptedModel::per_turn(vec![Step::Hang]));
+    setup.config.max_active_runs = 1;
+    setup.config.max_queued_runs = 1;
+    let harness = setup.start().await;
+    let first = harness.submit("occupy the slot").await;
+    let second = harness.submit("wait in line").await;
+    assert_eq!(harness.runtime.get(second).await.unwrap().unwrap().status, RunStatus::Queued);
+    assert_eq!(harness.runtime.queued_runs(), 1);
+    let full = harness.runtime.submit(SubmitRequest::new(AGENT, "no room")).await;
+    assert_eq!(full, Err(SubmitError::Overloaded { limit: 1 }));
+
+    harness.runtime.cancel(first).await.unwrap();
+    let mut events = harness.runtime.subscribe(second, 0);
+    wait_for(&mut events, |kind| matches!(kind, EventKind::TurnStart { .. })).await;
+    wait_status(&harness, second, RunStatus::Running).await;
+    assert_eq!(harness.runtime.queued_runs(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_run_that_is_cancelled_never_starts() {
+    let mut setup = Setup::new(ScriptedModel::per_turn(vec![Step::Hang]));
+    setup.config.max_active_runs = 1;
+    let harness = setup.start().await;
+    let first = harness.submit("occupy the slot").await;
+    let second = harness.submit("give up").await;
+    harness.runtime.cancel(second).await.unwrap();
+    let (record, events) = harness.finish(second).await;
+    assert_eq!(record.status, RunStatus::Cancelled);
+    assert!(!events.iter().any(|event| matches!(event.kind, EventKind::TurnStart { .. })));
+
+    harness.runtime.cancel(first).await.unwrap();
+    harness.finish(first).await;
+    // The freed slot goes to nobody: the cancelled run stays ended.
+    let third = harness.submit("after").await;
+    let mut events = harness.runtime.subscribe(third, 0);
+    wait_for(&mut events, |kind| matches!(kind, EventKind::TurnStart { .. })).await;
+    assert_eq!(harness.runtime.get(second).await.unwrap().unwrap().status, RunStatus::Cancelled);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_runs_queue_again_after_a_restart() {
+    let store: std::sync::Arc<dyn crate::store::RunStore> = std::sync::Arc::new(crate::store::MemoryStore::new());
+    let mut setup = Setup::new(ScriptedModel::per_turn(vec![Step::Hang]));
+    setup.config.max_active_runs = 1;
+    setup.store = store.clone();
+    let harness = setup.start().await;
+    let first = harness.submit("occupy the slot").await;
+    let second = harness.submit("wait in line").await;
+    harness.runtime.shutdown(Duration::from_secs(5)).await;
+
+    let mut setup = Setup::new(ScriptedModel::per_turn(vec![Step::Hang]));
+    setup.config.max_active_runs = 1;
+    setup.store = store;
+    let harness = setup.start().await;
+    assert_eq!(harness.runtime.get(second).await.unwrap().unwrap().status, RunStatus::Queued);
+    assert_eq!(harness.runtime.queued_runs(), 1, "the queued run waits again");
+    harness.runtime.cancel(first).await.unwrap();
+    wait_status(&harness, second, RunStatus::Running).await;
 }
