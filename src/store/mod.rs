@@ -137,6 +137,8 @@ impl SqlStore {
                 // a power loss may roll back the last commits.
                 .synchronous(SqliteSynchronous::Normal)
                 .busy_timeout(Duration::from_secs(10))
+                // Room for every statement shape the writer keeps prepared.
+                .statement_cache_capacity(256)
                 .foreign_keys(true);
             if let Some(parent) = options.get_filename().parent().filter(|p| !p.as_os_str().is_empty()) {
                 std::fs::create_dir_all(parent)
@@ -302,27 +304,29 @@ impl RunStore for SqlStore {
             };
             let run = run_from_row(&row)?;
             let last_seq = row.int("last_seq")?;
-            let bodies = |sql: &'static str| sqlx::query_scalar::<_, String>(sql).bind(id.clone());
-            let messages = parse_all(
-                bodies("SELECT body FROM messages WHERE run_id = $1 ORDER BY idx").fetch_all(&mut *tx).await,
-            )?;
-            let plan: Plan = match bodies("SELECT body FROM plans WHERE run_id = $1 ORDER BY version DESC LIMIT 1")
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(backend)?
-            {
-                Some(body) => parse(&body)?,
-                None => Plan::default(),
-            };
-            let tool_executions = parse_all(
-                bodies("SELECT body FROM tool_executions WHERE run_id = $1 ORDER BY idx").fetch_all(&mut *tx).await,
-            )?;
-            let reviews = parse_all(
-                bodies("SELECT body FROM reviews WHERE run_id = $1 ORDER BY turn").fetch_all(&mut *tx).await,
-            )?;
-            let documents = parse_all(
-                bodies("SELECT body FROM documents WHERE run_id = $1 ORDER BY idx").fetch_all(&mut *tx).await,
-            )?;
+            // Every child row in one statement (one round trip instead of five), by part.
+            let rows: Vec<(i64, String)> = sqlx::query_as(
+                "SELECT CAST(1 AS BIGINT) AS part, idx AS ord, body FROM messages WHERE run_id = $1 \
+                 UNION ALL SELECT 2, version, body FROM plans WHERE run_id = $1 \
+                 AND version = (SELECT MAX(version) FROM plans WHERE run_id = $1) \
+                 UNION ALL SELECT 3, idx, body FROM tool_executions WHERE run_id = $1 \
+                 UNION ALL SELECT 4, turn, body FROM reviews WHERE run_id = $1 \
+                 UNION ALL SELECT 5, idx, body FROM documents WHERE run_id = $1 \
+                 ORDER BY part, ord",
+            )
+            .bind(&id)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(backend)?
+            .into_iter()
+            .map(|(part, _ord, body): (i64, i64, String)| (part, body))
+            .collect();
+            let part = |wanted: i64| rows.iter().filter(move |(part, _)| *part == wanted).map(|(_, body)| body);
+            let messages = part(1).map(|body| parse(body)).collect::<Result<_, _>>()?;
+            let plan: Plan = part(2).next().map(|body| parse(body)).transpose()?.unwrap_or_default();
+            let tool_executions = part(3).map(|body| parse(body)).collect::<Result<_, _>>()?;
+            let reviews = part(4).map(|body| parse(body)).collect::<Result<_, _>>()?;
+            let documents = part(5).map(|body| parse(body)).collect::<Result<_, _>>()?;
             tx.commit().await.map_err(backend)?;
             Ok(Some(RunSnapshot {
                 run,
