@@ -331,3 +331,78 @@ fn apply(write: &mut GroupWrite, positions: &mut Positions, id: &Text, state: &m
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use chrono::Utc;
+    use serde_json::json;
+    use troupe_actors::protocol::{CallStatus, EventKind, Limits, ToolExecutionRecord};
+
+    use super::*;
+
+    fn event(run_id: RunId, seq: u64) -> RunEvent {
+        RunEvent { run_id, seq, ts: Utc::now(), parent_run_id: None, kind: EventKind::TurnStart { turn: 1 } }
+    }
+
+    fn record(run_id: RunId) -> RunRecord {
+        RunRecord::accepted(run_id, "t".into(), "a".into(), "i".into(), Limits::default(), Utc::now())
+    }
+
+    fn call(run_id: RunId, status: CallStatus) -> StoreWrite {
+        StoreWrite::ToolExecution(ToolExecutionRecord {
+            run: run_id,
+            turn: 1,
+            call_id: "c".into(),
+            tool: "echo".into(),
+            args: json!({}),
+            started_at: Utc::now(),
+            duration_ms: 0,
+            cost_usd: 0.0,
+            result_summary: String::new(),
+            fragments_added: 0,
+            status,
+            error: None,
+        })
+    }
+
+    fn commit(run_id: RunId, seqs: std::ops::RangeInclusive<u64>, writes: Vec<StoreWrite>) -> Job {
+        Job::commit(&Commit { run_id, writes, events: seqs.map(|seq| event(run_id, seq)).collect() }).unwrap()
+    }
+
+    #[test]
+    fn a_refused_commit_fails_alone_and_adds_no_row() {
+        let (created, ended, missing) = (RunId::new(), RunId::new(), RunId::new());
+        let mut runs = HashMap::new();
+        let Job::Create { id, state, .. } = Job::create(&record(ended), &[]).unwrap() else { unreachable!() };
+        runs.insert(id, Slot { state: RunState { status: "failed".into(), ..state }, created: None, touched: false });
+        let jobs = vec![
+            Job::create(&record(created), &[event(created, 1)]).unwrap(),
+            commit(created, 3..=3, vec![StoreWrite::FinalOutput("gap".into())]),
+            commit(created, 2..=3, vec![call(created, CallStatus::Started)]),
+            commit(ended, 1..=1, vec![]),
+            commit(missing, 1..=1, vec![]),
+            commit(created, 4..=4, vec![call(created, CallStatus::Completed)]),
+        ];
+        let (write, outcomes) = plan(&jobs, runs, &"now".into());
+        assert_eq!(
+            outcomes,
+            vec![
+                Ok(()),
+                Err(StoreError::SeqConflict { run_id: created, expected: 2, got: 3 }),
+                Ok(()),
+                Err(StoreError::Terminal(ended)),
+                Err(StoreError::NotFound(missing)),
+                Ok(()),
+            ]
+        );
+        assert_eq!(write.events.iter().map(|row| row.1).collect::<Vec<_>>(), vec![1, 2, 3, 4]);
+        assert!(write.updated.is_empty(), "the ended run is not written");
+        let (_, _, state) = &write.created[0];
+        assert_eq!((state.last_seq, state.final_output.clone()), (4, None));
+        // One row per call, with its last status and the number of its first record.
+        assert_eq!(write.tool_executions.len(), 1);
+        assert_eq!((write.tool_executions[0].3, write.tool_executions[0].5), (1, "completed"));
+    }
+}
