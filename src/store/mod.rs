@@ -3,11 +3,12 @@
 //! parameters only); each backend has its own migration files because their
 //! column types differ.
 //!
-//! A commit is one transaction: one `UPDATE … RETURNING` claims the run, checks it
-//! is not over and that the events continue its sequence, and moves `last_seq`;
-//! then the state changes and one multi-row insert of the events. On SQLite it
-//! begins `IMMEDIATE` (no upgrade deadlocks); on PostgreSQL the update locks the
-//! run's row until the commit.
+//! Writes (run creations and commits) go through one writer task per store
+//! (`writer.rs`), which commits every write pending at the time in one transaction
+//! (group commit) and answers each caller after it committed; `group.rs` checks
+//! and merges a group in memory. Reads use the pool. On SQLite a write transaction
+//! begins `IMMEDIATE` (no upgrade deadlocks); on PostgreSQL it locks the rows of
+//! the runs it changes.
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -21,13 +22,23 @@ use sqlx::postgres::{PgPoolOptions, PgRow};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
 use sqlx::{PgPool, Row, SqlitePool};
 use troupe_actors::protocol::{Plan, RunEvent, RunId};
-use troupe_actors::store::{
-    Commit, RunQuery, RunRecord, RunSnapshot, RunStore, StoreError, StoreWrite, check_sequence,
-};
+use troupe_actors::store::{Commit, RunQuery, RunRecord, RunSnapshot, RunStore, StoreError};
+
+use crate::store::group::Job;
+use crate::store::writer::Writer;
+
+mod group;
+mod writer;
 
 /// Migrations, in order, per backend.
-const SQLITE_MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("../../migrations/sqlite/0001_runs.sql"))];
-const POSTGRES_MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("../../migrations/postgres/0001_runs.sql"))];
+const SQLITE_MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("../../migrations/sqlite/0001_runs.sql")),
+    (2, include_str!("../../migrations/sqlite/0002_run_counters.sql")),
+];
+const POSTGRES_MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("../../migrations/postgres/0001_runs.sql")),
+    (2, include_str!("../../migrations/postgres/0002_run_counters.sql")),
+];
 
 /// Statuses of runs that have ended (what retention may delete).
 const TERMINAL: [&str; 3] = ["succeeded", "failed", "cancelled"];
@@ -55,131 +66,12 @@ macro_rules! with_pool {
     };
 }
 
-/// Inserts one event into the run's log.
-macro_rules! insert_event {
-    ($tx:ident, $tenant:expr, $event:expr) => {{
-        let event: &RunEvent = $event;
-        sqlx::query("INSERT INTO run_events (run_id, seq, tenant, kind, body) VALUES ($1, $2, $3, $4, $5)")
-            .bind(event.run_id.to_string())
-            .bind(event.seq as i64)
-            .bind($tenant)
-            .bind(event.kind.name())
-            .bind(json(event)?)
-            .execute(&mut *$tx)
-            .await
-            .map_err(backend)?;
-    }};
-}
-
-/// Applies one state change inside a commit's transaction.
-macro_rules! apply {
-    ($tx:ident, $id:expr, $tenant:expr, $now:expr, $write:expr) => {{
-        let id: &str = $id;
-        let query = match $write {
-            StoreWrite::Status { status, reason } => {
-                sqlx::query("UPDATE runs SET status = $1, reason = $2, updated_at = $3 WHERE run_id = $4")
-                    .bind(status.as_str())
-                    .bind(reason.clone())
-                    .bind($now)
-                    .bind(id)
-            }
-            StoreWrite::Progress { turn, usage } => {
-                sqlx::query("UPDATE runs SET turn = $1, usage = $2, updated_at = $3 WHERE run_id = $4")
-                    .bind(i64::from(*turn))
-                    .bind(json(usage)?)
-                    .bind($now)
-                    .bind(id)
-            }
-            StoreWrite::FinalOutput(text) => {
-                sqlx::query("UPDATE runs SET final_output = $1, updated_at = $2 WHERE run_id = $3")
-                    .bind(text.clone())
-                    .bind($now)
-                    .bind(id)
-            }
-            StoreWrite::Message(message) => sqlx::query(
-                "INSERT INTO messages (run_id, idx, tenant, turn, body) \
-                 VALUES ($1, (SELECT COALESCE(MAX(idx), 0) + 1 FROM messages WHERE run_id = $1), $2, $3, $4)",
-            )
-            .bind(id)
-            .bind($tenant)
-            .bind(i64::from(message.turn))
-            .bind(json(message)?),
-            StoreWrite::Plan(plan) => sqlx::query(
-                "INSERT INTO plans (run_id, version, tenant, body) VALUES ($1, $2, $3, $4) \
-                 ON CONFLICT (run_id, version) DO UPDATE SET body = excluded.body",
-            )
-            .bind(id)
-            .bind(plan.version as i64)
-            .bind($tenant)
-            .bind(json(plan)?),
-            StoreWrite::ToolExecution(record) => sqlx::query(
-                "INSERT INTO tool_executions (run_id, turn, call_id, idx, tenant, status, body) \
-                 VALUES ($1, $2, $3, (SELECT COALESCE(MAX(idx), 0) + 1 FROM tool_executions WHERE run_id = $1), $4, $5, $6) \
-                 ON CONFLICT (run_id, turn, call_id) DO UPDATE SET status = excluded.status, body = excluded.body",
-            )
-            .bind(id)
-            .bind(i64::from(record.turn))
-            .bind(record.call_id.clone())
-            .bind($tenant)
-            .bind(record.status.as_str())
-            .bind(json(record)?),
-            StoreWrite::Review { turn, review } => sqlx::query(
-                "INSERT INTO reviews (run_id, turn, tenant, body) VALUES ($1, $2, $3, $4) \
-                 ON CONFLICT (run_id, turn) DO UPDATE SET body = excluded.body",
-            )
-            .bind(id)
-            .bind(i64::from(*turn))
-            .bind($tenant)
-            .bind(json(&(*turn, review))?),
-            StoreWrite::Documents(fragments) => {
-                for fragment in fragments {
-                    sqlx::query(
-                        "INSERT INTO documents (run_id, idx, tenant, body) \
-                         VALUES ($1, (SELECT COALESCE(MAX(idx), 0) + 1 FROM documents WHERE run_id = $1), $2, $3)",
-                    )
-                    .bind(id)
-                    .bind($tenant)
-                    .bind(json(fragment)?)
-                    .execute(&mut *$tx)
-                    .await
-                    .map_err(backend)?;
-                }
-                continue;
-            }
-        };
-        query.execute(&mut *$tx).await.map_err(backend)?;
-    }};
-}
-
-/// Why a commit's claim on its run matched no row: no such run, it has ended, or
-/// its events do not continue the sequence.
-macro_rules! why_refused {
-    ($tx:ident, $run_id:expr, $id:expr, $expected:expr) => {{
-        let row = sqlx::query("SELECT status, last_seq FROM runs WHERE run_id = $1")
-            .bind($id)
-            .fetch_optional(&mut *$tx)
-            .await
-            .map_err(backend)?;
-        match row {
-            None => StoreError::NotFound($run_id),
-            Some(row) => {
-                let status: String = row.try_get("status").map_err(backend)?;
-                let last_seq: i64 = row.try_get("last_seq").map_err(backend)?;
-                if TERMINAL.contains(&status.as_str()) {
-                    StoreError::Terminal($run_id)
-                } else {
-                    let got = $expected.map_or(0, |last: u64| last + 1);
-                    StoreError::SeqConflict { run_id: $run_id, expected: last_seq as u64 + 1, got }
-                }
-            }
-        }
-    }};
-}
-
 /// A run store on SQLite or PostgreSQL.
 #[derive(Clone)]
 pub struct SqlStore {
     pool: Pool,
+    /// Every write (run creations and commits) goes through the one writer task.
+    writer: Writer,
     /// This process's exclusive claim on the store, held while any clone lives.
     _owner: Arc<Owner>,
 }
@@ -245,6 +137,8 @@ impl SqlStore {
                 // a power loss may roll back the last commits.
                 .synchronous(SqliteSynchronous::Normal)
                 .busy_timeout(Duration::from_secs(10))
+                // Room for every statement shape the writer keeps prepared.
+                .statement_cache_capacity(256)
                 .foreign_keys(true);
             if let Some(parent) = options.get_filename().parent().filter(|p| !p.as_os_str().is_empty()) {
                 std::fs::create_dir_all(parent)
@@ -278,7 +172,7 @@ impl SqlStore {
         } else {
             return Err(StoreError::Backend(format!("unsupported store URL {url:?}: use sqlite://… or postgres://…")));
         };
-        let store = Self { pool, _owner: Arc::new(owner) };
+        let store = Self { writer: Writer::spawn(pool.clone()), pool, _owner: Arc::new(owner) };
         store.migrate().await?;
         Ok(store)
     }
@@ -378,88 +272,11 @@ const RUN_COLUMNS: &str = "run_id, tenant, parent_run_id, agent, input, limits, 
 #[async_trait]
 impl RunStore for SqlStore {
     async fn create_run(&self, run: RunRecord, events: Vec<RunEvent>) -> Result<(), StoreError> {
-        check_sequence(run.run_id, 0, &events)?;
-        let run_id = run.run_id.to_string();
-        with_pool!(self, |pool, _postgres| {
-            let mut tx = pool.begin().await.map_err(backend)?;
-            let inserted = sqlx::query(
-                "INSERT INTO runs (run_id, tenant, parent_run_id, agent, input, limits, status, reason, turn, usage, \
-                 final_output, last_seq, created_at, updated_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) ON CONFLICT (run_id) DO NOTHING",
-            )
-            .bind(&run_id)
-            .bind(&run.tenant)
-            .bind(run.parent_run_id.map(|id| id.to_string()))
-            .bind(&run.agent)
-            .bind(&run.input)
-            .bind(json(&run.limits)?)
-            .bind(run.status.as_str())
-            .bind(&run.reason)
-            .bind(i64::from(run.turn))
-            .bind(json(&run.usage)?)
-            .bind(&run.final_output)
-            .bind(events.len() as i64)
-            .bind(stamp(run.created_at))
-            .bind(stamp(run.updated_at))
-            .execute(&mut *tx)
-            .await
-            .map_err(backend)?;
-            if inserted.rows_affected() == 0 {
-                return Err(StoreError::Exists(run.run_id));
-            }
-            for event in &events {
-                insert_event!(tx, &run.tenant, event);
-            }
-            tx.commit().await.map_err(backend)
-        })
+        self.writer.write(Job::create(&run, &events)?).await
     }
 
     async fn commit(&self, commit: &Commit) -> Result<(), StoreError> {
-        let run_id = commit.run_id;
-        let id = run_id.to_string();
-        let now = stamp(Utc::now());
-        // The seq the events continue from; a commit without events checks none.
-        let expected = commit.events.first().map(|event| event.seq.saturating_sub(1));
-        if let Some(expected) = expected {
-            check_sequence(run_id, expected, &commit.events)?;
-        }
-        let new_last = expected.map(|last| (last + commit.events.len() as u64) as i64);
-        with_pool!(self, |pool, postgres| {
-            let mut tx = if postgres { pool.begin().await } else { pool.begin_with("BEGIN IMMEDIATE").await }
-                .map_err(backend)?;
-            // One statement claims the run (on PostgreSQL it locks the row), checks it
-            // is not over and continues its sequence, and moves `last_seq`.
-            let claimed: Option<String> = sqlx::query_scalar(
-                "UPDATE runs SET last_seq = COALESCE($1, last_seq), updated_at = $2 \
-                 WHERE run_id = $3 AND ($4 IS NULL OR last_seq = $4) \
-                 AND status NOT IN ('succeeded', 'failed', 'cancelled') RETURNING tenant",
-            )
-            .bind(new_last)
-            .bind(&now)
-            .bind(&id)
-            .bind(expected.map(|last| last as i64))
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(backend)?;
-            let Some(tenant) = claimed else {
-                return Err(why_refused!(tx, run_id, &id, expected));
-            };
-            for write in &commit.writes {
-                apply!(tx, &id, &tenant, &now, write);
-            }
-            if !commit.events.is_empty() {
-                let mut insert = sqlx::QueryBuilder::new("INSERT INTO run_events (run_id, seq, tenant, kind, body) ");
-                let mut rows = Vec::with_capacity(commit.events.len());
-                for event in &commit.events {
-                    rows.push((event.seq as i64, event.kind.name(), json(event)?));
-                }
-                insert.push_values(rows, |mut row, (seq, kind, body)| {
-                    row.push_bind(id.clone()).push_bind(seq).push_bind(tenant.clone()).push_bind(kind).push_bind(body);
-                });
-                insert.build().execute(&mut *tx).await.map_err(backend)?;
-            }
-            tx.commit().await.map_err(backend)
-        })
+        self.writer.write(Job::commit(commit)?).await
     }
 
     async fn get_run(&self, run_id: RunId) -> Result<Option<RunRecord>, StoreError> {
@@ -487,27 +304,29 @@ impl RunStore for SqlStore {
             };
             let run = run_from_row(&row)?;
             let last_seq = row.int("last_seq")?;
-            let bodies = |sql: &'static str| sqlx::query_scalar::<_, String>(sql).bind(id.clone());
-            let messages = parse_all(
-                bodies("SELECT body FROM messages WHERE run_id = $1 ORDER BY idx").fetch_all(&mut *tx).await,
-            )?;
-            let plan: Plan = match bodies("SELECT body FROM plans WHERE run_id = $1 ORDER BY version DESC LIMIT 1")
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(backend)?
-            {
-                Some(body) => parse(&body)?,
-                None => Plan::default(),
-            };
-            let tool_executions = parse_all(
-                bodies("SELECT body FROM tool_executions WHERE run_id = $1 ORDER BY idx").fetch_all(&mut *tx).await,
-            )?;
-            let reviews = parse_all(
-                bodies("SELECT body FROM reviews WHERE run_id = $1 ORDER BY turn").fetch_all(&mut *tx).await,
-            )?;
-            let documents = parse_all(
-                bodies("SELECT body FROM documents WHERE run_id = $1 ORDER BY idx").fetch_all(&mut *tx).await,
-            )?;
+            // Every child row in one statement (one round trip instead of five), by part.
+            let rows: Vec<(i64, String)> = sqlx::query_as(
+                "SELECT CAST(1 AS BIGINT) AS part, idx AS ord, body FROM messages WHERE run_id = $1 \
+                 UNION ALL SELECT 2, version, body FROM plans WHERE run_id = $1 \
+                 AND version = (SELECT MAX(version) FROM plans WHERE run_id = $1) \
+                 UNION ALL SELECT 3, idx, body FROM tool_executions WHERE run_id = $1 \
+                 UNION ALL SELECT 4, turn, body FROM reviews WHERE run_id = $1 \
+                 UNION ALL SELECT 5, idx, body FROM documents WHERE run_id = $1 \
+                 ORDER BY part, ord",
+            )
+            .bind(&id)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(backend)?
+            .into_iter()
+            .map(|(part, _ord, body): (i64, i64, String)| (part, body))
+            .collect();
+            let part = |wanted: i64| rows.iter().filter(move |(part, _)| *part == wanted).map(|(_, body)| body);
+            let messages = part(1).map(|body| parse(body)).collect::<Result<_, _>>()?;
+            let plan: Plan = part(2).next().map(|body| parse(body)).transpose()?.unwrap_or_default();
+            let tool_executions = part(3).map(|body| parse(body)).collect::<Result<_, _>>()?;
+            let reviews = part(4).map(|body| parse(body)).collect::<Result<_, _>>()?;
+            let documents = part(5).map(|body| parse(body)).collect::<Result<_, _>>()?;
             tx.commit().await.map_err(backend)?;
             Ok(Some(RunSnapshot {
                 run,

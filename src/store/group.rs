@@ -1,0 +1,408 @@
+//! Group commit, the part that needs no database: a commit encoded once by its
+//! caller ([`Job`]), and a group of jobs checked and merged in memory against the
+//! rows of the runs they touch ([`plan`]) into the rows one transaction writes
+//! ([`GroupWrite`]).
+//!
+//! Checking before writing is what lets one transaction carry the commits of
+//! many runs: a commit that is refused (no such run, run ended, seq conflict)
+//! contributes no row, so it cannot fail the others.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::sync::Arc;
+
+use troupe_actors::protocol::{RunEvent, RunId};
+use troupe_actors::store::{Commit, RunRecord, StoreError, StoreWrite, check_sequence};
+
+use crate::store::{TERMINAL, json, stamp};
+
+/// Text shared between a job and the rows written from it: a group that fails is
+/// written again one job at a time, and binding an `Arc<str>` copies nothing.
+pub(super) type Text = Arc<str>;
+
+/// One event, encoded.
+pub(super) struct EncodedEvent {
+    seq: i64,
+    kind: &'static str,
+    body: Text,
+}
+
+/// One state change, encoded.
+pub(super) enum EncodedWrite {
+    Status { status: &'static str, reason: Option<Text> },
+    Progress { turn: i64, usage: Text },
+    FinalOutput(Text),
+    Message { turn: i64, body: Text },
+    Plan { version: i64, body: Text },
+    ToolExecution { turn: i64, call_id: Text, status: &'static str, body: Text },
+    Review { turn: i64, body: Text },
+    Documents(Vec<Text>),
+}
+
+/// What the writer is asked to do: create a run, or apply a commit. Encoded (JSON
+/// bodies serialised) by the caller, so the one writer task only binds and writes.
+pub(super) enum Job {
+    /// A new run and its first events.
+    Create { run_id: RunId, id: Text, fixed: Fixed, state: RunState, events: Vec<EncodedEvent> },
+    /// A commit to an existing run.
+    Commit {
+        run_id: RunId,
+        id: Text,
+        /// The seq the events continue from; `None` for a commit without events.
+        expected: Option<u64>,
+        events: Vec<EncodedEvent>,
+        writes: Vec<EncodedWrite>,
+    },
+}
+
+/// The columns of a run that never change after it is created.
+#[derive(Clone)]
+pub(super) struct Fixed {
+    pub parent_run_id: Option<Text>,
+    pub agent: Text,
+    pub input: Text,
+    pub limits: Text,
+    pub created_at: Text,
+}
+
+/// The columns of a run that commits change, with the counters that number its
+/// messages, tool calls and documents (kept on the row since migration 2, so an
+/// insert needs no `MAX(idx)` lookup).
+#[derive(Clone)]
+pub(super) struct RunState {
+    pub tenant: Text,
+    pub status: Text,
+    pub reason: Option<Text>,
+    pub turn: i64,
+    pub usage: Text,
+    pub final_output: Option<Text>,
+    pub last_seq: i64,
+    pub message_count: i64,
+    pub tool_count: i64,
+    pub document_count: i64,
+    pub updated_at: Text,
+}
+
+impl Job {
+    /// Encodes a new run and its first events.
+    pub(super) fn create(run: &RunRecord, events: &[RunEvent]) -> Result<Self, StoreError> {
+        check_sequence(run.run_id, 0, events)?;
+        let fixed = Fixed {
+            parent_run_id: run.parent_run_id.map(|id| id.to_string().into()),
+            agent: run.agent.as_str().into(),
+            input: run.input.as_str().into(),
+            limits: json(&run.limits)?.into(),
+            created_at: stamp(run.created_at).into(),
+        };
+        let state = RunState {
+            tenant: run.tenant.as_str().into(),
+            status: run.status.as_str().into(),
+            reason: run.reason.as_deref().map(Into::into),
+            turn: i64::from(run.turn),
+            usage: json(&run.usage)?.into(),
+            final_output: run.final_output.as_deref().map(Into::into),
+            last_seq: events.len() as i64,
+            message_count: 0,
+            tool_count: 0,
+            document_count: 0,
+            updated_at: stamp(run.updated_at).into(),
+        };
+        let id = run.run_id.to_string().into();
+        Ok(Job::Create { run_id: run.run_id, id, fixed, state, events: encode_events(events)? })
+    }
+
+    /// Encodes a commit; its events must be contiguous among themselves (whether
+    /// they continue the stored sequence is checked by the writer).
+    pub(super) fn commit(commit: &Commit) -> Result<Self, StoreError> {
+        let run_id = commit.run_id;
+        let expected = commit.events.first().map(|event| event.seq.saturating_sub(1));
+        if let Some(expected) = expected {
+            check_sequence(run_id, expected, &commit.events)?;
+        }
+        let writes = commit.writes.iter().map(encode_write).collect::<Result<_, _>>()?;
+        let events = encode_events(&commit.events)?;
+        Ok(Job::Commit { run_id, id: run_id.to_string().into(), expected, events, writes })
+    }
+
+    /// The id of the run the job touches.
+    pub(super) fn id(&self) -> &Text {
+        match self {
+            Job::Create { id, .. } | Job::Commit { id, .. } => id,
+        }
+    }
+}
+
+fn encode_events(events: &[RunEvent]) -> Result<Vec<EncodedEvent>, StoreError> {
+    events
+        .iter()
+        .map(|event| Ok(EncodedEvent { seq: event.seq as i64, kind: event.kind.name(), body: json(event)?.into() }))
+        .collect()
+}
+
+fn encode_write(write: &StoreWrite) -> Result<EncodedWrite, StoreError> {
+    Ok(match write {
+        StoreWrite::Status { status, reason } => {
+            EncodedWrite::Status { status: status.as_str(), reason: reason.as_deref().map(Into::into) }
+        }
+        StoreWrite::Progress { turn, usage } => {
+            EncodedWrite::Progress { turn: i64::from(*turn), usage: json(usage)?.into() }
+        }
+        StoreWrite::FinalOutput(text) => EncodedWrite::FinalOutput(text.as_str().into()),
+        StoreWrite::Message(message) => {
+            EncodedWrite::Message { turn: i64::from(message.turn), body: json(message)?.into() }
+        }
+        StoreWrite::Plan(plan) => EncodedWrite::Plan { version: plan.version as i64, body: json(plan)?.into() },
+        StoreWrite::ToolExecution(record) => EncodedWrite::ToolExecution {
+            turn: i64::from(record.turn),
+            call_id: record.call_id.as_str().into(),
+            status: record.status.as_str(),
+            body: json(record)?.into(),
+        },
+        StoreWrite::Review { turn, review } => {
+            EncodedWrite::Review { turn: i64::from(*turn), body: json(&(*turn, review))?.into() }
+        }
+        StoreWrite::Documents(fragments) => EncodedWrite::Documents(
+            fragments.iter().map(|fragment| Ok(json(fragment)?.into())).collect::<Result<_, _>>()?,
+        ),
+    })
+}
+
+/// A run as the group sees it: its row as read at the start of the transaction
+/// (or as created by a job of the group), with the group's changes applied.
+pub(super) struct Slot {
+    pub state: RunState,
+    /// `Some` for a run created by this group (it is inserted, not updated).
+    pub created: Option<Fixed>,
+    /// Whether a job of the group changed it.
+    pub touched: bool,
+}
+
+/// Every row one group transaction writes. Rows keyed by a primary key that a
+/// later write may replace (tool calls, plans, reviews) appear once, with their
+/// last value: PostgreSQL refuses a multi-row upsert that hits one row twice.
+#[derive(Default)]
+pub(super) struct GroupWrite {
+    /// Runs created by the group, final state: `(id, fixed columns, state)`.
+    pub created: Vec<(Text, Fixed, RunState)>,
+    /// Existing runs the group changed, final state.
+    pub updated: Vec<(Text, RunState)>,
+    /// `(run, seq, tenant, kind, body)`.
+    pub events: Vec<(Text, i64, Text, &'static str, Text)>,
+    /// `(run, idx, tenant, turn, body)`.
+    pub messages: Vec<(Text, i64, Text, i64, Text)>,
+    /// `(run, turn, call_id, idx, tenant, status, body)`.
+    pub tool_executions: Vec<(Text, i64, Text, i64, Text, &'static str, Text)>,
+    /// `(run, version, tenant, body)`.
+    pub plans: Vec<(Text, i64, Text, Text)>,
+    /// `(run, turn, tenant, body)`.
+    pub reviews: Vec<(Text, i64, Text, Text)>,
+    /// `(run, idx, tenant, body)`.
+    pub documents: Vec<(Text, i64, Text, Text)>,
+}
+
+/// Where each keyed row sits in a [`GroupWrite`], so a later write replaces it.
+#[derive(Default)]
+struct Positions {
+    tool_executions: HashMap<(Text, i64, Text), usize>,
+    plans: HashMap<(Text, i64), usize>,
+    reviews: HashMap<(Text, i64), usize>,
+}
+
+/// Checks every job in order against `runs` (the group's runs as read, by id) and
+/// merges the accepted ones into the rows to write. A refused job changes nothing
+/// and gets its error; the others get `Ok` (which holds once the group commits).
+pub(super) fn plan(
+    jobs: &[Job],
+    mut runs: HashMap<Text, Slot>,
+    now: &Text,
+) -> (GroupWrite, Vec<Result<(), StoreError>>) {
+    let mut write = GroupWrite::default();
+    let mut positions = Positions::default();
+    let outcomes = jobs.iter().map(|job| accept(job, &mut runs, now, &mut write, &mut positions)).collect();
+    for (id, slot) in runs {
+        match slot.created {
+            Some(fixed) => write.created.push((id, fixed, slot.state)),
+            None if slot.touched => write.updated.push((id, slot.state)),
+            None => {}
+        }
+    }
+    (write, outcomes)
+}
+
+fn accept(
+    job: &Job,
+    runs: &mut HashMap<Text, Slot>,
+    now: &Text,
+    write: &mut GroupWrite,
+    positions: &mut Positions,
+) -> Result<(), StoreError> {
+    match job {
+        Job::Create { run_id, id, fixed, state, events } => {
+            let Entry::Vacant(vacant) = runs.entry(id.clone()) else {
+                return Err(StoreError::Exists(*run_id));
+            };
+            let slot = vacant.insert(Slot { state: state.clone(), created: Some(fixed.clone()), touched: true });
+            push_events(write, id, &slot.state.tenant, events);
+            Ok(())
+        }
+        Job::Commit { run_id, id, expected, events, writes } => {
+            let slot = runs.get_mut(id).ok_or(StoreError::NotFound(*run_id))?;
+            let state = &mut slot.state;
+            if TERMINAL.contains(&&*state.status) {
+                return Err(StoreError::Terminal(*run_id));
+            }
+            if let Some(expected) = *expected
+                && state.last_seq != expected as i64
+            {
+                let got = expected + 1;
+                return Err(StoreError::SeqConflict { run_id: *run_id, expected: state.last_seq as u64 + 1, got });
+            }
+            slot.touched = true;
+            state.last_seq += events.len() as i64;
+            state.updated_at = now.clone();
+            push_events(write, id, &state.tenant, events);
+            for change in writes {
+                apply(write, positions, id, state, change);
+            }
+            Ok(())
+        }
+    }
+}
+
+fn push_events(write: &mut GroupWrite, id: &Text, tenant: &Text, events: &[EncodedEvent]) {
+    for event in events {
+        write.events.push((id.clone(), event.seq, tenant.clone(), event.kind, event.body.clone()));
+    }
+}
+
+/// Upserts `row` under `key`: replaces the row already planned with that key.
+fn upsert<K: std::hash::Hash + Eq, R>(rows: &mut Vec<R>, positions: &mut HashMap<K, usize>, key: K, row: R) {
+    match positions.entry(key) {
+        Entry::Occupied(at) => rows[*at.get()] = row,
+        Entry::Vacant(slot) => {
+            slot.insert(rows.len());
+            rows.push(row);
+        }
+    }
+}
+
+fn apply(write: &mut GroupWrite, positions: &mut Positions, id: &Text, state: &mut RunState, change: &EncodedWrite) {
+    let tenant = state.tenant.clone();
+    match change {
+        EncodedWrite::Status { status, reason } => {
+            state.status = (*status).into();
+            state.reason = reason.clone();
+        }
+        EncodedWrite::Progress { turn, usage } => {
+            state.turn = *turn;
+            state.usage = usage.clone();
+        }
+        EncodedWrite::FinalOutput(text) => state.final_output = Some(text.clone()),
+        EncodedWrite::Message { turn, body } => {
+            state.message_count += 1;
+            write.messages.push((id.clone(), state.message_count, tenant, *turn, body.clone()));
+        }
+        EncodedWrite::Plan { version, body } => {
+            let row = (id.clone(), *version, tenant, body.clone());
+            upsert(&mut write.plans, &mut positions.plans, (id.clone(), *version), row);
+        }
+        EncodedWrite::ToolExecution { turn, call_id, status, body } => {
+            // Every record takes the next number; an update keeps the number of the
+            // first insert (in the table, and here for a call written twice in one
+            // group), so calls stay in the order they were first recorded.
+            state.tool_count += 1;
+            let key = (id.clone(), *turn, call_id.clone());
+            let idx = match positions.tool_executions.get(&key) {
+                Some(&at) => write.tool_executions[at].3,
+                None => state.tool_count,
+            };
+            let row = (id.clone(), *turn, call_id.clone(), idx, tenant, *status, body.clone());
+            upsert(&mut write.tool_executions, &mut positions.tool_executions, key, row);
+        }
+        EncodedWrite::Review { turn, body } => {
+            let row = (id.clone(), *turn, tenant, body.clone());
+            upsert(&mut write.reviews, &mut positions.reviews, (id.clone(), *turn), row);
+        }
+        EncodedWrite::Documents(bodies) => {
+            for body in bodies {
+                state.document_count += 1;
+                write.documents.push((id.clone(), state.document_count, tenant.clone(), body.clone()));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use chrono::Utc;
+    use serde_json::json;
+    use troupe_actors::protocol::{CallStatus, EventKind, Limits, ToolExecutionRecord};
+
+    use super::*;
+
+    fn event(run_id: RunId, seq: u64) -> RunEvent {
+        RunEvent { run_id, seq, ts: Utc::now(), parent_run_id: None, kind: EventKind::TurnStart { turn: 1 } }
+    }
+
+    fn record(run_id: RunId) -> RunRecord {
+        RunRecord::accepted(run_id, "t".into(), "a".into(), "i".into(), Limits::default(), Utc::now())
+    }
+
+    fn call(run_id: RunId, status: CallStatus) -> StoreWrite {
+        StoreWrite::ToolExecution(ToolExecutionRecord {
+            run: run_id,
+            turn: 1,
+            call_id: "c".into(),
+            tool: "echo".into(),
+            args: json!({}),
+            started_at: Utc::now(),
+            duration_ms: 0,
+            cost_usd: 0.0,
+            result_summary: String::new(),
+            fragments_added: 0,
+            status,
+            error: None,
+        })
+    }
+
+    fn commit(run_id: RunId, seqs: std::ops::RangeInclusive<u64>, writes: Vec<StoreWrite>) -> Job {
+        Job::commit(&Commit { run_id, writes, events: seqs.map(|seq| event(run_id, seq)).collect() }).unwrap()
+    }
+
+    #[test]
+    fn a_refused_commit_fails_alone_and_adds_no_row() {
+        let (created, ended, missing) = (RunId::new(), RunId::new(), RunId::new());
+        let mut runs = HashMap::new();
+        let Job::Create { id, state, .. } = Job::create(&record(ended), &[]).unwrap() else { unreachable!() };
+        runs.insert(id, Slot { state: RunState { status: "failed".into(), ..state }, created: None, touched: false });
+        let jobs = vec![
+            Job::create(&record(created), &[event(created, 1)]).unwrap(),
+            commit(created, 3..=3, vec![StoreWrite::FinalOutput("gap".into())]),
+            commit(created, 2..=3, vec![call(created, CallStatus::Started)]),
+            commit(ended, 1..=1, vec![]),
+            commit(missing, 1..=1, vec![]),
+            commit(created, 4..=4, vec![call(created, CallStatus::Completed)]),
+        ];
+        let (write, outcomes) = plan(&jobs, runs, &"now".into());
+        assert_eq!(
+            outcomes,
+            vec![
+                Ok(()),
+                Err(StoreError::SeqConflict { run_id: created, expected: 2, got: 3 }),
+                Ok(()),
+                Err(StoreError::Terminal(ended)),
+                Err(StoreError::NotFound(missing)),
+                Ok(()),
+            ]
+        );
+        assert_eq!(write.events.iter().map(|row| row.1).collect::<Vec<_>>(), vec![1, 2, 3, 4]);
+        assert!(write.updated.is_empty(), "the ended run is not written");
+        let (_, _, state) = &write.created[0];
+        assert_eq!((state.last_seq, state.final_output.clone()), (4, None));
+        // One row per call, with its last status and the number of its first record.
+        assert_eq!(write.tool_executions.len(), 1);
+        assert_eq!((write.tool_executions[0].3, write.tool_executions[0].5), (1, "completed"));
+    }
+}
