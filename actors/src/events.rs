@@ -131,10 +131,16 @@ impl Cursor {
                     continue;
                 }
                 if self.run_has_ended().await? {
-                    // Everything up to `run_end` was read above; nothing will be
-                    // published for an ended run (a late subscriber, a reconnect).
-                    self.finish();
-                    return Ok(None);
+                    // Nothing is published for an ended run (a late subscriber, a
+                    // reconnect). It may have ended after the read above: its status
+                    // and `run_end` commit together, so one more read finds every
+                    // event up to `run_end`, which finishes the stream.
+                    self.stale = self.refill().await?;
+                    if !self.stale {
+                        self.finish();
+                        return Ok(None);
+                    }
+                    continue;
                 }
             }
             let Some(receiver) = self.receiver.as_mut() else {
@@ -182,5 +188,82 @@ impl Drop for Cursor {
         // A stream dropped early (a client went away) leaves no channel behind.
         self.receiver = None;
         self.hub.release(self.run_id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use async_trait::async_trait;
+    use chrono::{DateTime, Utc};
+    use futures::StreamExt;
+
+    use super::*;
+    use crate::protocol::{Limits, RunStatus};
+    use crate::store::{Commit, MemoryStore, RunQuery, RunRecord, RunSnapshot, StoreWrite};
+
+    /// A memory store whose run ends exactly when a subscriber first asks for
+    /// its status, after that subscriber's last event read.
+    struct EndsWhenAsked {
+        inner: MemoryStore,
+        end: Mutex<Option<Commit>>,
+    }
+
+    #[async_trait]
+    impl RunStore for EndsWhenAsked {
+        async fn create_run(&self, run: RunRecord, events: Vec<RunEvent>) -> Result<(), StoreError> {
+            self.inner.create_run(run, events).await
+        }
+        async fn commit(&self, commit: &Commit) -> Result<(), StoreError> {
+            self.inner.commit(commit).await
+        }
+        async fn get_run(&self, run_id: RunId) -> Result<Option<RunRecord>, StoreError> {
+            let end = self.end.lock().unwrap().take();
+            if let Some(end) = end {
+                self.inner.commit(&end).await?;
+            }
+            self.inner.get_run(run_id).await
+        }
+        async fn load(&self, run_id: RunId) -> Result<Option<RunSnapshot>, StoreError> {
+            self.inner.load(run_id).await
+        }
+        async fn events_after(&self, run_id: RunId, after: u64, limit: usize) -> Result<Vec<RunEvent>, StoreError> {
+            self.inner.events_after(run_id, after, limit).await
+        }
+        async fn list_runs(&self, query: RunQuery) -> Result<Vec<RunRecord>, StoreError> {
+            self.inner.list_runs(query).await
+        }
+        async fn unfinished_runs(&self) -> Result<Vec<RunId>, StoreError> {
+            self.inner.unfinished_runs().await
+        }
+        async fn delete_finished(&self, before: DateTime<Utc>, limit: usize) -> Result<usize, StoreError> {
+            self.inner.delete_finished(before, limit).await
+        }
+    }
+
+    fn event(run_id: RunId, seq: u64, kind: EventKind) -> RunEvent {
+        RunEvent { run_id, seq, ts: Utc::now(), parent_run_id: None, kind }
+    }
+
+    #[tokio::test]
+    async fn a_run_that_ends_between_two_reads_is_streamed_to_its_end() {
+        let run_id = RunId::new();
+        let record = RunRecord::accepted(run_id, "t".into(), "a".into(), "hi".into(), Limits::default(), Utc::now());
+        let first = event(run_id, 1, EventKind::TurnStart { turn: 1 });
+        let end = Commit {
+            run_id,
+            writes: vec![StoreWrite::Status { status: RunStatus::Succeeded, reason: None }],
+            events: vec![
+                event(run_id, 2, EventKind::TurnEnd { turn: 1 }),
+                event(run_id, 3, EventKind::RunEnd { status: RunStatus::Succeeded, reason: None }),
+            ],
+        };
+        let store = EndsWhenAsked { inner: MemoryStore::new(), end: Mutex::new(Some(end)) };
+        store.create_run(record, vec![first]).await.unwrap();
+        let hub = Arc::new(EventHub::new(16));
+        let events: Vec<u64> =
+            subscribe(hub, Arc::new(store), run_id, 0).map(|event| event.unwrap().seq).collect().await;
+        assert_eq!(events, vec![1, 2, 3], "the events committed with the end are not lost");
     }
 }

@@ -172,8 +172,15 @@ async fn contract(store: Arc<dyn RunStore>) {
     assert_eq!(store.events_after(missing, 0, 10).await, Err(StoreError::NotFound(missing)));
 
     // Listing is per tenant, by status, newest first; unfinished runs are found.
+    // `other` is accepted queued and then started: a status change alone, with
+    // no event, is a valid commit.
     let other = RunId::new();
-    store.create_run(record(other, "globex"), vec![]).await.unwrap();
+    let mut queued = record(other, "globex");
+    queued.status = RunStatus::Queued;
+    store.create_run(queued, vec![]).await.unwrap();
+    assert_eq!(store.unfinished_runs().await.unwrap(), vec![run_id, other], "queued runs are unfinished");
+    let start = vec![StoreWrite::Status { status: RunStatus::Running, reason: None }];
+    store.commit(&Commit { run_id: other, writes: start, events: vec![] }).await.unwrap();
     let acme = store.list_runs(RunQuery { tenant: Some("acme".into()), status: None, limit: 10 }).await.unwrap();
     assert_eq!(acme.iter().map(|r| r.run_id).collect::<Vec<_>>(), vec![run_id]);
     let all_runs =
