@@ -223,3 +223,31 @@ fn serve_refuses_to_start_without_tokens_unless_told_to() {
     assert!(errors.contains("TROUPE_API_TOKENS") && errors.contains("--insecure-no-auth"), "{errors}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn the_dashboard_names_only_metrics_troupe_exports_and_the_scrape_example_is_valid() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let dashboard = std::fs::read_to_string(format!("{root}/config/grafana/troupe.json")).unwrap();
+    let parsed: Value = serde_json::from_str(&dashboard).unwrap();
+    assert!(parsed["panels"].as_array().unwrap().len() >= 10);
+    let exported = std::fs::read_to_string(format!("{root}/actors/src/metrics.rs")).unwrap();
+    let mut names: Vec<String> = Vec::new();
+    for (index, _) in dashboard.match_indices("troupe_") {
+        let name: String =
+            dashboard[index..].chars().take_while(|c| c.is_ascii_lowercase() || *c == '_' || c.is_ascii_digit()).collect();
+        if name == "troupe_" {
+            continue;
+        }
+        let base = name.strip_suffix("_bucket").unwrap_or(&name).to_owned();
+        names.push(base);
+    }
+    assert!(!names.is_empty());
+    for name in names {
+        assert!(exported.contains(&format!("\"{name}\"")), "the dashboard uses {name}, which troupe does not export");
+    }
+    let checked = Command::new("promtool")
+        .args(["check", "config", &format!("{root}/config/prometheus.yml")])
+        .output()
+        .expect("promtool is installed (Debian package `prometheus`)");
+    assert!(checked.status.success(), "{}", String::from_utf8_lossy(&checked.stderr));
+}
