@@ -13,6 +13,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use troupe_actors::protocol::{EventKind, RunEvent, RunStatus};
 
+use crate::server::STREAM_ERROR;
 use crate::server::api_types::{AgentView, RunList, RunView, ToolView};
 use crate::view::{TICK, View};
 
@@ -163,7 +164,7 @@ impl Client {
             let Some(chunk) = chunk else { return Ok(None) };
             let chunk = chunk.context("the event stream broke")?;
             for frame in parser.push(&chunk) {
-                if frame.event.as_deref() == Some("error") {
+                if frame.event.as_deref() == Some(STREAM_ERROR) {
                     return Err(anyhow::anyhow!("the daemon reported: {}", frame.data));
                 }
                 let event: RunEvent =
@@ -185,7 +186,11 @@ impl Client {
                 if let Some(status) = ended {
                     return Ok(Some(status));
                 }
-                if matches!(event.kind, EventKind::WaitingInput { .. }) {
+                // A question in the history may have been answered since: stop only
+                // if the run waits now.
+                if matches!(event.kind, EventKind::WaitingInput { .. })
+                    && self.get_run(&event.run_id.to_string()).await?.status == RunStatus::WaitingInput.as_str()
+                {
                     return Ok(Some(RunStatus::WaitingInput));
                 }
             }

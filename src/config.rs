@@ -124,7 +124,13 @@ impl Config {
             if value.trim().is_empty() {
                 continue;
             }
-            set_path(&mut merged, &path, env_value(&value))
+            // The shortcuts name paths and addresses: always strings.
+            let value = if ENV_SHORTCUTS.iter().any(|(var, _)| *var == name) {
+                toml::Value::String(value)
+            } else {
+                env_value(&value)
+            };
+            set_path(&mut merged, &path, value)
                 .map_err(|message| ConfigError::Invalid { origin: format!("environment variable {name}"), message })?;
             from_env.push(name);
         }
@@ -245,7 +251,7 @@ mod tests {
             Some(("user.toml", file)),
             env(&[
                 ("TROUPE_BIND", "127.0.0.1:9000"),
-                ("TROUPE_DATA_DIR", "/var/lib/troupe"),
+                ("TROUPE_DATA_DIR", "2024"),
                 ("TROUPE_RUNTIME__MAX_ACTIVE_RUNS", "8"),
                 ("TROUPE_SERVER__SSE_KEEP_ALIVE", "2.5"),
                 ("TROUPE_LOG", "debug"),
@@ -257,7 +263,7 @@ mod tests {
         assert_eq!(config.server.bind, "127.0.0.1:9000");
         assert_eq!(config.runtime.max_active_runs, 8);
         assert_eq!(config.server.sse_keep_alive, 2.5);
-        assert_eq!(config.store_url(), "sqlite:///var/lib/troupe/troupe.db");
+        assert_eq!(config.store_url(), "sqlite://2024/troupe.db", "shortcut values are strings");
     }
 
     #[test]

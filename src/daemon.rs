@@ -41,8 +41,9 @@ impl Daemon {
                 self.server.bind
             );
         }
-        let runtime = Arc::new(Runtime::start(self.runtime, self.deps).await?);
+        // Bound first: a port in use fails here, before any run is resumed.
         let (listener, local) = server::bind(&self.server.bind).await?;
+        let runtime = Arc::new(Runtime::start(self.runtime, self.deps).await?);
         let state = AppState::new(runtime.clone(), self.auth, self.server, self.prometheus, shutdown.clone())?;
         ready(local);
         server::serve(listener, server::router(state), timing.header_read_timeout, shutdown, timing.shutdown_timeout)

@@ -306,7 +306,10 @@ fn local(
         None => None,
     };
     let overlay = overlay.as_ref().map(|(origin, text)| (origin.as_str(), text.as_str()));
-    let mut config = Config::load(overlay, std::env::vars())?;
+    // A variable that is not UTF-8 cannot be a troupe setting; it is skipped.
+    let env =
+        std::env::vars_os().filter_map(|(name, value)| Some((name.into_string().ok()?, value.into_string().ok()?)));
+    let mut config = Config::load(overlay, env)?;
     if let Some(dir) = data_dir {
         config.data_dir = dir;
     }

@@ -38,7 +38,7 @@ pub struct Admission {
 
 /// A run's place among the active runs; dropping it frees the place.
 pub struct Slot {
-    _global: Option<OwnedSemaphorePermit>,
+    global: Option<OwnedSemaphorePermit>,
     tenant: String,
     tenants: Arc<Mutex<HashMap<String, usize>>>,
     freed: Arc<Notify>,
@@ -85,7 +85,7 @@ impl Admission {
     }
 
     fn slot(&self, permit: Option<OwnedSemaphorePermit>, tenant: &str) -> Slot {
-        Slot { _global: permit, tenant: tenant.to_owned(), tenants: self.tenants.clone(), freed: self.freed.clone() }
+        Slot { global: permit, tenant: tenant.to_owned(), tenants: self.tenants.clone(), freed: self.freed.clone() }
     }
 
     /// Runs of `tenant` holding a slot.
@@ -104,8 +104,8 @@ impl Drop for Slot {
             }
         }
         drop(tenants);
-        // The global permit is released after this body; the dispatcher takes the
-        // lock above before it looks, so it sees both.
+        // Both places are free before anyone is woken to take one.
+        drop(self.global.take());
         self.freed.notify_one();
     }
 }
@@ -172,6 +172,18 @@ impl RunQueue {
         Ok(())
     }
 
+    /// Puts a run back at the front (it could not be started just now).
+    pub fn push_front(&self, run_id: RunId, tenant: &str) {
+        self.waiting.lock().unwrap_or_else(PoisonError::into_inner).push_front((run_id, tenant.to_owned()));
+    }
+
+    /// Whether some queued run could take a slot that is free now: one whose
+    /// tenant is under its own limit.
+    pub fn any_admissible(&self, admission: &Admission) -> bool {
+        let waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        waiting.iter().any(|(_, tenant)| admission.per_tenant == 0 || admission.active(tenant) < admission.per_tenant)
+    }
+
     /// Takes a run out (it was cancelled); whether it was there.
     pub fn remove(&self, run_id: RunId) -> bool {
         let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
@@ -193,10 +205,15 @@ impl RunQueue {
     /// The oldest run that can be admitted now, with its slot: a tenant at its
     /// own limit does not hold up the others.
     pub fn take_admissible(&self, admission: &Admission) -> Option<(RunId, Slot)> {
+        self.take_admissible_with_tenant(admission).map(|(run_id, _, slot)| (run_id, slot))
+    }
+
+    /// [`Self::take_admissible`], with the run's tenant.
+    pub fn take_admissible_with_tenant(&self, admission: &Admission) -> Option<(RunId, String, Slot)> {
         let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
         for index in 0..waiting.len() {
             match admission.try_admit(&waiting[index].1) {
-                Ok(slot) => return waiting.remove(index).map(|(run_id, _)| (run_id, slot)),
+                Ok(slot) => return waiting.remove(index).map(|(run_id, tenant)| (run_id, tenant, slot)),
                 Err(Refusal::Tenant { .. }) => continue,
                 Err(Refusal::Global { .. }) => return None,
             }

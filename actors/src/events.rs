@@ -164,7 +164,9 @@ impl Cursor {
     /// Loads the next batch from the store; false when there was nothing new.
     async fn refill(&mut self) -> Result<bool, StoreError> {
         let batch = self.store.events_after(self.run_id, self.last, REPLAY_BATCH).await?;
-        let found = !batch.is_empty();
+        // Only events past the cursor count: a store that answered with older ones
+        // must not make the cursor read again and again.
+        let found = batch.iter().any(|event| event.seq > self.last);
         self.backlog.extend(batch.into_iter().map(Arc::new));
         Ok(found)
     }

@@ -244,10 +244,11 @@ impl Runtime {
         if !self.accepting() {
             return Err(SubmitError::Unavailable);
         }
-        // Runs already waiting go first: a new one takes a free slot only when
-        // nobody is queued.
+        // Runs already waiting go first, unless none of them could take the slot
+        // (their tenants are at their own limits): then it is this run's.
         let (permit, tenant_bound) = match self.admission.try_admit(&tenant) {
             Ok(slot) if self.queue.is_empty() => (Some(slot), false),
+            Ok(slot) if !self.queue.any_admissible(&self.admission) => (Some(slot), false),
             Ok(_) => (None, false),
             Err(refusal) => (None, matches!(refusal, Refusal::Tenant { .. })),
         };
@@ -416,6 +417,11 @@ impl Runtime {
         ractor::ACTIVE_STATES.contains(&self.supervisor.get_status())
     }
 
+    /// One configured agent.
+    pub fn agent(&self, name: &str) -> Option<Arc<AgentConfig>> {
+        self.shared.agents.get(name).cloned()
+    }
+
     /// The configured agents.
     pub fn agents(&self) -> Vec<AgentConfig> {
         let mut agents: Vec<AgentConfig> = self.shared.agents.values().map(|agent| agent.as_ref().clone()).collect();
@@ -478,14 +484,34 @@ async fn dispatch(
     let freed = admission.freed();
     loop {
         freed.notified().await;
-        while let Some((run_id, slot)) = queue.take_admissible(&admission) {
+        while let Some((run_id, tenant, slot)) = queue.take_admissible_with_tenant(&admission) {
             metrics::runs_queued(queue.len());
-            if let Err(error) = start_queued(&shared, &supervisor, run_id, slot).await {
-                // It stays in the store as it was; the next start resumes it.
-                warn!(run_id = %run_id, %error, "a queued run could not start");
+            match start_queued(&shared, &supervisor, run_id, slot).await {
+                Ok(()) => {}
+                Err(QueuedStart::StillQueued(error)) => {
+                    // The store failed before the run moved: it waits at the front
+                    // and is tried again shortly.
+                    warn!(run_id = %run_id, %error, "a queued run could not start; retrying");
+                    queue.push_front(run_id, &tenant);
+                    metrics::runs_queued(queue.len());
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                Err(QueuedStart::NoSession(error)) => {
+                    warn!(run_id = %run_id, %error, "a queued run could not start");
+                    let reason = "the runtime could not start the run".to_owned();
+                    let _ = end_run(&shared, run_id, RunStatus::Failed, reason).await;
+                }
             }
         }
     }
+}
+
+/// Why a queued run did not start.
+enum QueuedStart {
+    /// The store failed before the run moved to `running`.
+    StillQueued(StoreError),
+    /// It is `running` in the store, but its session did not start.
+    NoSession(SubmitError),
 }
 
 /// Moves a queued run to `running` and starts its session, unless it was
@@ -495,14 +521,24 @@ async fn start_queued(
     supervisor: &ActorRef<SupervisorMsg>,
     run_id: RunId,
     slot: Slot,
-) -> Result<(), SubmitError> {
-    match shared.store.get_run(run_id).await? {
+) -> Result<(), QueuedStart> {
+    match shared.store.get_run(run_id).await.map_err(QueuedStart::StillQueued)? {
         Some(run) if run.status == RunStatus::Queued => {}
+        // An earlier try moved it but reported a failure (the commit landed as the
+        // connection broke): it only lacks its session.
+        Some(run) if run.status == RunStatus::Running => {
+            return start_session(supervisor, run_id, Some(slot)).await.map_err(QueuedStart::NoSession);
+        }
         _ => return Ok(()),
     }
     let writes = vec![StoreWrite::Status { status: RunStatus::Running, reason: None }];
-    shared.store.commit(&Commit { run_id, writes, events: Vec::new() }).await?;
-    start_session(supervisor, run_id, Some(slot)).await
+    match shared.store.commit(&Commit { run_id, writes, events: Vec::new() }).await {
+        Ok(()) => {}
+        // Cancelled between the read and the commit.
+        Err(StoreError::Terminal(_)) => return Ok(()),
+        Err(error) => return Err(QueuedStart::StillQueued(error)),
+    }
+    start_session(supervisor, run_id, Some(slot)).await.map_err(QueuedStart::NoSession)
 }
 
 /// Agents by name, after checking their tools exist.

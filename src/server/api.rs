@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
@@ -73,6 +73,9 @@ pub(super) fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(move || async move { Json(document) }))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "this route does not take that method")
+        })
         .layer(middleware::from_fn_with_state(state.clone(), deadline))
         .layer(DefaultBodyLimit::max(state.inner.config.max_body_bytes))
         .layer(middleware::from_fn(telemetry::measure))
@@ -81,15 +84,22 @@ pub(super) fn router(state: AppState) -> Router {
 
 /// Middleware: a request that gets no response head within `request_timeout`
 /// is answered 503 `timeout` (an event stream's head comes at once; its body is
-/// not limited).
+/// not limited). Every 429 and 503 leaves with a `Retry-After`.
 async fn deadline(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let limit = state.inner.timing.request_timeout;
-    match tokio::time::timeout(limit, next.run(request)).await {
+    let mut response = match tokio::time::timeout(limit, next.run(request)).await {
         Ok(response) => response,
-        Err(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "timeout", "the request took too long")
-            .retry_after(state.inner.config.retry_after)
-            .into_response(),
+        Err(_) => {
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "timeout", "the request took too long").into_response()
+        }
+    };
+    if matches!(response.status(), StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE)
+        && !response.headers().contains_key(axum::http::header::RETRY_AFTER)
+    {
+        let seconds = axum::http::HeaderValue::from(state.inner.config.retry_after);
+        response.headers_mut().insert(axum::http::header::RETRY_AFTER, seconds);
     }
+    response
 }
 
 /// The run `id` if it exists and belongs to `tenant`; 404 otherwise (also for
@@ -121,14 +131,17 @@ fn default_agent() -> String {
     "default".to_owned()
 }
 
-/// A run's limits.
+/// A run's limits. In a request, each may only lower the agent's own limit; one
+/// left out keeps the agent's.
 #[derive(Debug, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LimitsBody {
     /// Turns before one last tool-free synthesis call.
-    pub max_turns: u32,
+    #[serde(default)]
+    pub max_turns: Option<u32>,
     /// Tool calls of one turn that run at the same time.
-    pub max_parallel_tools: usize,
+    #[serde(default)]
+    pub max_parallel_tools: Option<usize>,
     /// Tokens (input + output) the run may spend.
     #[serde(default)]
     pub max_tokens: Option<u64>,
@@ -152,6 +165,8 @@ pub struct RunView {
     pub status: String,
     /// Why it ended, for anything but success.
     pub reason: Option<String>,
+    /// The limits in force.
+    pub limits: LimitsBody,
     /// The last turn started.
     pub turn: u32,
     /// Tokens and cost so far.
@@ -184,6 +199,7 @@ impl From<RunRecord> for RunView {
             input: run.input,
             status: run.status.as_str().to_owned(),
             reason: run.reason,
+            limits: LimitsBody::from(&run.limits),
             turn: run.turn,
             usage: UsageView {
                 input_tokens: run.usage.input_tokens,
@@ -218,25 +234,51 @@ async fn create_run(
     if body.input.trim().is_empty() {
         return Err(ApiError::invalid("input must not be empty"));
     }
-    let limits = body.limits.map(|limits| Limits {
-        max_turns: limits.max_turns,
-        max_parallel_tools: limits.max_parallel_tools,
-        max_tokens: limits.max_tokens,
-        max_cost_usd: limits.max_cost_usd,
-    });
+    let limits = match (body.limits, state.inner.runtime.agent(&body.agent)) {
+        (Some(wanted), Some(agent)) => Some(lowered(&agent.limits, &wanted)),
+        _ => None,
+    };
     let spec = RunSpec { agent: body.agent, input: body.input, limits };
     let request = SubmitRequest { spec, tenant, parent_run_id: None };
-    let retry_after = state.inner.config.retry_after;
-    let run_id = state.inner.runtime.submit(request).await.map_err(|error| {
-        let error = ApiError::from(error);
-        if matches!(error.status, StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE) {
-            error.retry_after(retry_after)
-        } else {
-            error
-        }
-    })?;
+    // The submission runs to its end even if the client goes away or the request
+    // times out: a run half-accepted would be stored but never started.
+    let runtime = state.inner.runtime.clone();
+    let submitted = tokio::spawn(async move { runtime.submit(request).await });
+    let run_id = submitted
+        .await
+        .map_err(|_| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "the submission failed"))??;
     let run = state.inner.runtime.get(run_id).await?.ok_or_else(ApiError::run_not_found)?;
     Ok((StatusCode::CREATED, Json(RunView::from(run))).into_response())
+}
+
+impl From<&Limits> for LimitsBody {
+    fn from(limits: &Limits) -> Self {
+        Self {
+            max_turns: Some(limits.max_turns),
+            max_parallel_tools: Some(limits.max_parallel_tools),
+            max_tokens: limits.max_tokens,
+            max_cost_usd: limits.max_cost_usd,
+        }
+    }
+}
+
+/// The agent's limits, each lowered to the request's where it asks for less.
+fn lowered(agent: &Limits, wanted: &LimitsBody) -> Limits {
+    let min_option = |agent: Option<f64>, wanted: Option<f64>| match (agent, wanted) {
+        (Some(a), Some(w)) => Some(a.min(w)),
+        (a, w) => a.or(w),
+    };
+    Limits {
+        max_turns: wanted.max_turns.map_or(agent.max_turns, |turns| turns.min(agent.max_turns)),
+        max_parallel_tools: wanted
+            .max_parallel_tools
+            .map_or(agent.max_parallel_tools, |parallel| parallel.min(agent.max_parallel_tools)),
+        max_tokens: match (agent.max_tokens, wanted.max_tokens) {
+            (Some(a), Some(w)) => Some(a.min(w)),
+            (a, w) => a.or(w),
+        },
+        max_cost_usd: min_option(agent.max_cost_usd, wanted.max_cost_usd),
+    }
 }
 
 /// A listing filter.
@@ -281,8 +323,9 @@ async fn list_runs(
 async fn get_run(
     State(state): State<AppState>,
     Extension(Tenant(tenant)): Extension<Tenant>,
-    Path(id): Path<String>,
+    path: Result<Path<String>, PathRejection>,
 ) -> Result<Json<RunView>, ApiError> {
+    let Path(id) = path?;
     Ok(Json(owned_run(&state, &tenant, &id).await?.into()))
 }
 
@@ -306,9 +349,10 @@ pub struct InputBody {
 async fn run_input(
     State(state): State<AppState>,
     Extension(Tenant(tenant)): Extension<Tenant>,
-    Path(id): Path<String>,
+    path: Result<Path<String>, PathRejection>,
     body: Result<Json<InputBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
+    let Path(id) = path?;
     let run = owned_run(&state, &tenant, &id).await?;
     let Json(body) = body?;
     state.inner.runtime.input(run.run_id, body.text).await?;
@@ -327,8 +371,9 @@ async fn run_input(
 async fn cancel_run(
     State(state): State<AppState>,
     Extension(Tenant(tenant)): Extension<Tenant>,
-    Path(id): Path<String>,
+    path: Result<Path<String>, PathRejection>,
 ) -> Result<Json<RunView>, ApiError> {
+    let Path(id) = path?;
     let run = owned_run(&state, &tenant, &id).await?;
     state.inner.runtime.cancel(run.run_id).await?;
     let run = state.inner.runtime.get(run.run_id).await?.ok_or_else(ApiError::run_not_found)?;
@@ -358,12 +403,7 @@ async fn list_agents(State(state): State<AppState>) -> Json<Vec<AgentView>> {
         name: agent.name,
         model: agent.model,
         tools: agent.tools,
-        limits: LimitsBody {
-            max_turns: agent.limits.max_turns,
-            max_parallel_tools: agent.limits.max_parallel_tools,
-            max_tokens: agent.limits.max_tokens,
-            max_cost_usd: agent.limits.max_cost_usd,
-        },
+        limits: LimitsBody::from(&agent.limits),
         reviewer: match agent.reviewer {
             troupe_actors::config::ReviewerKind::RuleBased => "rule_based".to_owned(),
             troupe_actors::config::ReviewerKind::Model { .. } => "model".to_owned(),

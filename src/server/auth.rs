@@ -40,6 +40,9 @@ pub enum AuthError {
     /// `TROUPE_API_TOKENS` is malformed.
     #[error("TROUPE_API_TOKENS must read tenant=token,tenant=token: {0}")]
     BadEnv(String),
+    /// One token is given to two tenants.
+    #[error("the same API token is configured for tenants {0:?} and {1:?}")]
+    Duplicate(String, String),
     /// No token and no explicit opt-out.
     #[error(
         "no API tokens are configured: set TROUPE_API_TOKENS=\"tenant=token\" (or [auth] tokens in the config), \
@@ -84,6 +87,11 @@ impl Auth {
         }
         if tokens.is_empty() {
             return Err(AuthError::NoTokens);
+        }
+        for (index, (digest, tenant)) in tokens.iter().enumerate() {
+            if let Some((_, other)) = tokens[index + 1..].iter().find(|(known, _)| known == digest) {
+                return Err(AuthError::Duplicate(tenant.clone(), other.clone()));
+            }
         }
         Ok(Self { tokens, open: false })
     }
@@ -177,6 +185,8 @@ mod tests {
         let error = Auth::new(&AuthConfig::default(), Some("=leaked")).unwrap_err().to_string();
         assert!(!error.contains("leaked"), "{error}");
         assert_eq!(Auth::new(&AuthConfig::default(), None).unwrap_err(), AuthError::NoTokens);
+        let twice = Auth::new(&AuthConfig::default(), Some("a=same,b=same")).unwrap_err();
+        assert_eq!(twice, AuthError::Duplicate("a".into(), "b".into()));
     }
 
     #[test]

@@ -30,6 +30,7 @@ use tracing::{debug, info, warn};
 use troupe_actors::Runtime;
 
 pub use api::openapi;
+pub use sse::STREAM_ERROR;
 
 /// The API's JSON bodies, for clients.
 pub mod api_types {

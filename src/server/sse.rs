@@ -48,6 +48,7 @@ pub struct EventsQuery {
         (status = 200, content_type = "text/event-stream",
             description = "One SSE event per run event: `id` = seq, `event` = kind, `data` = the event as JSON."),
         (status = 404, body = super::error::ErrorBody, description = "No such run for this tenant."),
+        (status = 400, body = super::error::ErrorBody, description = "A Last-Event-ID that is not a seq."),
         (status = 429, body = super::error::ErrorBody, description = "Too many open streams."),
     ),
     security(("bearer" = []))
@@ -55,12 +56,13 @@ pub struct EventsQuery {
 pub async fn run_events(
     State(state): State<AppState>,
     Extension(Tenant(tenant)): Extension<Tenant>,
-    Path(id): Path<String>,
+    path: Result<Path<String>, axum::extract::rejection::PathRejection>,
     query: Result<Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let Query(query) = query?;
+    let Path(id) = path?;
     let run = owned_run(&state, &tenant, &id).await?;
+    let Query(query) = query?;
     let after = match headers.get("last-event-id") {
         Some(value) => value
             .to_str()
@@ -69,6 +71,10 @@ pub async fn run_events(
             .ok_or_else(|| ApiError::invalid("Last-Event-ID must be the seq (a number) of an event"))?,
         None => query.after.unwrap_or(0),
     };
+    // Seqs are stored as signed 64-bit integers; nothing past that exists.
+    if i64::try_from(after).is_err() {
+        return Err(ApiError::invalid("Last-Event-ID / after is beyond any event seq"));
+    }
     let Some(slot) = state.inner.streams.open(&tenant) else {
         return Err(ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_streams", "too many open event streams")
             .retry_after(state.inner.config.retry_after));
@@ -80,8 +86,9 @@ pub async fn run_events(
     Ok(Sse::new(stream).keep_alive(keep_alive).into_response())
 }
 
-/// SSE frames of a subscription. A store failure mid-stream sends one `error`
-/// event and ends the stream; the client reconnects with its last id.
+/// SSE frames of a subscription. A store failure mid-stream sends one
+/// `stream_error` event (no id: it is not a run event) and ends the stream; the
+/// client reconnects with its last id.
 fn frames(
     events: BoxStream<'static, Result<Arc<RunEvent>, StoreError>>,
     slot: StreamSlot,
@@ -94,12 +101,15 @@ fn frames(
             Some(Err(error)) => {
                 tracing::warn!(%error, "event stream failed");
                 let data = serde_json::json!({"code": "store_error", "message": "reading the run's events failed; reconnect with Last-Event-ID"});
-                Some((Ok(Event::default().event("error").data(data.to_string())), (events, None)))
+                Some((Ok(Event::default().event(STREAM_ERROR).data(data.to_string())), (events, None)))
             }
             None => None,
         }
     })
 }
+
+/// The SSE event name of a stream failure (run events never use it).
+pub const STREAM_ERROR: &str = "stream_error";
 
 fn frame(event: &RunEvent) -> Event {
     let data = serde_json::to_string(event).unwrap_or_else(|error| {

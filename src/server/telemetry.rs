@@ -35,13 +35,29 @@ pub fn install_prometheus() -> Result<PrometheusHandle, BuildError> {
 /// path, which holds run ids) and status, and times it to the response head.
 pub async fn measure(request: Request, next: Next) -> Response {
     let started = Instant::now();
-    let method = request.method().as_str().to_owned();
+    let method = known_method(request.method()).to_owned();
     let route = request.extensions().get::<MatchedPath>().map_or("unmatched", |path| path.as_str()).to_owned();
     let in_flight = InFlight::enter();
     let response = next.run(request).await;
     drop(in_flight);
     metrics::http_request(&method, &route, response.status().as_u16(), started.elapsed());
     response
+}
+
+/// The method as a label: the standard ones by name, anything else as `other`
+/// (a client must not be able to mint label values).
+fn known_method(method: &axum::http::Method) -> &'static str {
+    use axum::http::Method;
+    match *method {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::PATCH => "PATCH",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        _ => "other",
+    }
 }
 
 /// One request in flight; leaving counts even when the client went away and the

@@ -233,8 +233,10 @@ fn the_dashboard_names_only_metrics_troupe_exports_and_the_scrape_example_is_val
     let exported = std::fs::read_to_string(format!("{root}/actors/src/metrics.rs")).unwrap();
     let mut names: Vec<String> = Vec::new();
     for (index, _) in dashboard.match_indices("troupe_") {
-        let name: String =
-            dashboard[index..].chars().take_while(|c| c.is_ascii_lowercase() || *c == '_' || c.is_ascii_digit()).collect();
+        let name: String = dashboard[index..]
+            .chars()
+            .take_while(|c| c.is_ascii_lowercase() || *c == '_' || c.is_ascii_digit())
+            .collect();
         if name == "troupe_" {
             continue;
         }
@@ -250,4 +252,25 @@ fn the_dashboard_names_only_metrics_troupe_exports_and_the_scrape_example_is_val
         .output()
         .expect("promtool is installed (Debian package `prometheus`)");
     assert!(checked.status.success(), "{}", String::from_utf8_lossy(&checked.stderr));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn following_a_failing_run_shows_the_failure_and_exits_1() {
+    let sandbox = Sandbox::new("follow-fail", r#"["text_stats"]"#);
+    let refused = FakeReply::Status { status: 400, retry_after: None, body: "{\"error\": \"bad request\"}".into() };
+    let model = FakeOpenAi::start(vec![refused], None).await.unwrap();
+    let daemon = Served::start(sandbox.troupe(&model, &["serve"]));
+    let started = Instant::now();
+    let output = Command::new(env!("CARGO_BIN_EXE_troupe"))
+        .args(["run", "--follow", "--agent", "crash", "measure this"])
+        .env("TROUPE_URL", &daemon.base)
+        .env("TROUPE_TOKEN", TOKEN)
+        .output()
+        .unwrap();
+    let shown = String::from_utf8(output.stdout).unwrap();
+    assert_eq!(output.status.code(), Some(1), "{shown}{}", String::from_utf8_lossy(&output.stderr));
+    assert!(shown.contains("! ") && shown.contains("✘ failed"), "the error event and the end are shown: {shown}");
+    assert!(started.elapsed() < Duration::from_secs(5), "no reconnect loop on the run's own error event");
+    daemon.terminate();
+    let _ = std::fs::remove_dir_all(&sandbox.dir);
 }

@@ -173,31 +173,37 @@ async fn a_posted_run_streams_every_event_in_order_to_run_end() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reconnect_with_last_event_id_gets_exactly_the_missing_events() {
-    // The second model call waits until the test lets it go, so the first
-    // connection drops while the run is still going.
-    let model = ScriptedModel::per_turn(vec![calls(&[("echo", json!({"text": "hi"}))]), Step::Hang]);
+    // The run parks on a question; the first connection drops there, the second
+    // reconnects while the run is parked and follows it live once it is answered.
+    let model = ScriptedModel::per_turn(vec![calls(&[("ask_user", json!({"question": "which one?"}))]), text("Done.")]);
     let server = start(model, RuntimeConfig::default(), ServerConfig::default()).await;
-    let id = server.create(ALPHA, "say hi").await;
+    let id = server.create(ALPHA, "pick one").await;
 
     let mut first = server.events(ALPHA, &id, None).await;
     let mut seen = Vec::new();
     while let Some(frame) = first.next().await {
-        let done = frame.1 == "turn_start" && frame.2["turn"] == 2;
+        let parked = frame.1 == "waiting_input";
         seen.push(frame.0);
-        if done {
+        if parked {
             break;
         }
     }
     drop(first);
     let last = *seen.last().unwrap();
-    // The run goes on while nobody listens: it is cancelled, which ends it.
-    let cancel = server.send(reqwest::Method::POST, &format!("/v1/runs/{id}/cancel"), Some(ALPHA), None).await;
-    assert_eq!(cancel.status, StatusCode::OK, "{}", cancel.body);
+    assert_eq!(seen, (1..=last).collect::<Vec<_>>());
 
-    let rest: Vec<Frame> = server.events(ALPHA, &id, Some(last)).await.rest().await;
+    let mut second = server.events(ALPHA, &id, Some(last)).await;
+    let answer = server
+        .send(reqwest::Method::POST, &format!("/v1/runs/{id}/input"), Some(ALPHA), Some(json!({"text": "the red one"})))
+        .await;
+    assert_eq!(answer.status, StatusCode::ACCEPTED, "{}", answer.body);
+    let mut rest = Vec::new();
+    while let Some(frame) = second.next().await {
+        rest.push(frame);
+    }
     let resumed: Vec<u64> = rest.iter().map(|(id, _, _)| *id).collect();
-    assert_eq!(resumed.first(), Some(&(last + 1)), "no gap, no duplicate at the seam");
-    assert_eq!(resumed, (last + 1..=last + rest.len() as u64).collect::<Vec<_>>());
+    assert_eq!(resumed, (last + 1..=last + rest.len() as u64).collect::<Vec<_>>(), "no gap, no duplicate at the seam");
+    assert_eq!(rest[0].1, "input_received", "the first event after the seam is live");
     assert_eq!(rest.last().unwrap().1, "run_end");
 
     // `?after=` is the same cursor for clients that cannot set headers, and a
@@ -213,6 +219,18 @@ async fn a_reconnect_with_last_event_id_gets_exactly_the_missing_events() {
     let text = response.text().await.unwrap();
     assert!(text.contains(&format!("id: {end}\n")) && !text.contains(&format!("id: {}\n", end - 1)), "{text}");
     assert!(server.events(ALPHA, &id, Some(end)).await.rest().await.is_empty());
+    // A cursor that is not a seq is refused.
+    for bad in ["18446744073709551615", "nine", "-1"] {
+        let response = server
+            .http
+            .get(server.url(&format!("/v1/runs/{id}/events")))
+            .bearer_auth(ALPHA)
+            .header("Last-Event-ID", bad)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "Last-Event-ID {bad}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -287,6 +305,12 @@ async fn bad_requests_get_typed_errors() {
     assert_eq!((limits.status, limits.code()), (StatusCode::BAD_REQUEST, "invalid_limits"));
     let nowhere = server.send(reqwest::Method::GET, "/v2/nothing", Some(ALPHA), None).await;
     assert_eq!((nowhere.status, nowhere.code()), (StatusCode::NOT_FOUND, "not_found"));
+    let wrong = server.send(reqwest::Method::DELETE, "/v1/runs", Some(ALPHA), None).await;
+    assert_eq!((wrong.status, wrong.code()), (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"));
+    let garbled = server.send(reqwest::Method::GET, "/v1/runs/%FF", Some(ALPHA), None).await;
+    assert_eq!((garbled.status, garbled.code()), (StatusCode::BAD_REQUEST, "invalid_request"));
+    let anonymous = server.http.get(server.url("/v1/runs")).send().await.unwrap();
+    assert_eq!(anonymous.headers()["www-authenticate"], "Bearer");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -313,6 +337,7 @@ async fn runs_over_the_active_limit_queue_and_get_429_when_the_queue_is_full() {
     assert!(global.retry_after.is_some());
 
     // The queued run starts when the first ends.
+    assert_eq!(server.send(reqwest::Method::GET, "/readyz", None, None).await.status, StatusCode::OK);
     let cancel = server.send(post, &format!("/v1/runs/{first}/cancel"), Some(ALPHA), None).await;
     assert_eq!(cancel.status, StatusCode::OK);
     let id = queued.body["run_id"].as_str().unwrap();
@@ -406,4 +431,31 @@ async fn the_catalog_health_and_openapi_routes_answer() {
         assert!(document["paths"][path].is_object(), "{path} is documented");
     }
     assert!(document["components"]["securitySchemes"]["bearer"].is_object());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_queue_a_run_over_the_active_limit_gets_429() {
+    let runtime = RuntimeConfig { max_active_runs: 1, max_queued_runs: 0, ..RuntimeConfig::default() };
+    let server = start(ScriptedModel::per_turn(vec![Step::Hang]), runtime, ServerConfig::default()).await;
+    server.create(ALPHA, "one").await;
+    let over = server.send(reqwest::Method::POST, "/v1/runs", Some(BETA), Some(json!({"input": "two"}))).await;
+    assert_eq!((over.status, over.code()), (StatusCode::TOO_MANY_REQUESTS, "overloaded"));
+    assert_eq!(over.retry_after.as_deref(), Some("5"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_limits_only_lower_the_agents_own() {
+    let server = TestServer::default().await;
+    let body = json!({"input": "x", "limits": {"max_turns": 1000000, "max_tokens": 50}});
+    let run = server.send(reqwest::Method::POST, "/v1/runs", Some(ALPHA), Some(body)).await;
+    assert_eq!(run.status, StatusCode::CREATED, "{}", run.body);
+    // The agent allows 15 turns and 4 parallel calls and sets no token budget:
+    // the request cannot raise the turns, keeps the rest, and adds a budget.
+    assert_eq!(
+        run.body["limits"],
+        json!({"max_turns": 15, "max_parallel_tools": 4, "max_tokens": 50, "max_cost_usd": null})
+    );
+    let lower = json!({"input": "x", "limits": {"max_turns": 2}});
+    let run = server.send(reqwest::Method::POST, "/v1/runs", Some(ALPHA), Some(lower)).await;
+    assert_eq!(run.body["limits"]["max_turns"], 2);
 }
