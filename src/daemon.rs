@@ -14,7 +14,7 @@ use tracing::{info, warn};
 use troupe_actors::config::RuntimeConfig;
 use troupe_actors::{Deps, Runtime};
 
-use crate::server::{self, AppState, Auth, ServerConfig};
+use crate::server::{self, AppState, Auth, ConnectionTimeouts, ServerConfig};
 
 /// What `serve` runs.
 pub struct Daemon {
@@ -46,8 +46,8 @@ impl Daemon {
         let runtime = Arc::new(Runtime::start(self.runtime, self.deps).await?);
         let state = AppState::new(runtime.clone(), self.auth, self.server, self.prometheus, shutdown.clone())?;
         ready(local);
-        server::serve(listener, server::router(state), timing.header_read_timeout, shutdown, timing.shutdown_timeout)
-            .await;
+        let timeouts = ConnectionTimeouts { header_read: timing.header_read_timeout, write: timing.write_timeout };
+        server::serve(listener, server::router(state), timeouts, shutdown, timing.shutdown_timeout).await;
         info!("stopping the runtime");
         runtime.shutdown(timing.shutdown_timeout).await;
         info!("stopped");

@@ -14,6 +14,7 @@ mod api;
 mod auth;
 mod error;
 mod sse;
+mod stall;
 mod telemetry;
 
 use std::net::SocketAddr;
@@ -52,6 +53,9 @@ pub struct ServerConfig {
     /// Seconds a client has to send a request's headers once it starts one (and
     /// to start one on an idle connection) before the connection is dropped.
     pub header_read_timeout: f64,
+    /// Seconds a write to a client may stay stuck (the client reads nothing, e.g.
+    /// an event stream nobody consumes) before the connection is closed.
+    pub write_timeout: f64,
     /// Seconds a request may take to get its response head (event streams are not
     /// cut by it: their head comes at once).
     pub request_timeout: f64,
@@ -73,6 +77,7 @@ impl Default for ServerConfig {
             bind: "127.0.0.1:7878".to_owned(),
             max_body_bytes: 1024 * 1024,
             header_read_timeout: 5.0,
+            write_timeout: 60.0,
             request_timeout: 30.0,
             shutdown_timeout: 10.0,
             sse_keep_alive: 15.0,
@@ -98,6 +103,7 @@ pub enum ServeError {
 #[derive(Debug, Clone)]
 pub(crate) struct Timing {
     pub header_read_timeout: Duration,
+    pub write_timeout: Duration,
     pub request_timeout: Duration,
     pub shutdown_timeout: Duration,
     pub sse_keep_alive: Duration,
@@ -113,6 +119,7 @@ impl ServerConfig {
         };
         Ok(Timing {
             header_read_timeout: seconds("header_read_timeout", self.header_read_timeout)?,
+            write_timeout: seconds("write_timeout", self.write_timeout)?,
             request_timeout: seconds("request_timeout", self.request_timeout)?,
             shutdown_timeout: seconds("shutdown_timeout", self.shutdown_timeout)?,
             sse_keep_alive: seconds("sse_keep_alive", self.sse_keep_alive)?,
@@ -152,13 +159,30 @@ impl AppState {
     }
 }
 
+/// How long a connection may stall.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectionTimeouts {
+    /// To send a request's headers (and to start the next one when idle).
+    pub header_read: Duration,
+    /// For a stuck write to make progress.
+    pub write: Duration,
+}
+
+impl ServerConfig {
+    /// The connection timeouts of this config.
+    pub fn connection_timeouts(&self) -> Result<ConnectionTimeouts, ServeError> {
+        let timing = self.timing()?;
+        Ok(ConnectionTimeouts { header_read: timing.header_read_timeout, write: timing.write_timeout })
+    }
+}
+
 /// Serves `router` on `listener` until `shutdown` is cancelled, then stops taking
 /// connections and waits up to `drain` for the open ones to finish their requests
 /// (event streams end at once on `shutdown`).
 pub async fn serve(
     listener: TcpListener,
     router: axum::Router,
-    header_read_timeout: Duration,
+    timeouts: ConnectionTimeouts,
     shutdown: CancellationToken,
     drain: Duration,
 ) {
@@ -178,8 +202,9 @@ pub async fn serve(
             () = shutdown.cancelled() => break,
         };
         let mut builder = hyper::server::conn::http1::Builder::new();
-        builder.timer(TokioTimer::new()).header_read_timeout(header_read_timeout).keep_alive(true);
-        let connection = builder.serve_connection(TokioIo::new(stream), service.clone());
+        builder.timer(TokioTimer::new()).header_read_timeout(timeouts.header_read).keep_alive(true);
+        let io = TokioIo::new(stall::StallGuard::new(stream, timeouts.write));
+        let connection = builder.serve_connection(io, service.clone());
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
             if let Err(error) = connection.await {

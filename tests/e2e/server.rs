@@ -39,13 +39,13 @@ async fn start(model: ScriptedModel, runtime_config: RuntimeConfig, server_confi
     let runtime = Arc::new(Runtime::start(runtime_config, deps).await.unwrap());
     let auth = Auth::new(&AuthConfig::default(), Some(&format!("alpha={ALPHA},beta={BETA}"))).unwrap();
     let shutdown = CancellationToken::new();
-    let header_timeout = Duration::from_secs_f64(server_config.header_read_timeout);
+    let timeouts = server_config.connection_timeouts().unwrap();
     let state = AppState::new(runtime, auth, server_config, None, shutdown.clone()).unwrap();
     let (listener, address) = server::bind("127.0.0.1:0").await.unwrap();
     let served = tokio::spawn(server::serve(
         listener,
         server::router(state),
-        header_timeout,
+        timeouts,
         shutdown.clone(),
         Duration::from_secs(5),
     ));
