@@ -39,7 +39,8 @@ struct Cli {
     #[arg(long, global = true, env = "TROUPE_CONFIG")]
     config: Option<PathBuf>,
     /// A folder of agent files (`*.toml`), added to the built-in `default` agent
-    /// (a file defining `default` replaces it).
+    /// (a file defining `default` replaces it). Default: `config/agents` when the
+    /// working directory has one.
     #[arg(long, global = true, env = "TROUPE_AGENTS")]
     agents: Option<PathBuf>,
     /// Where the SQLite store and tool files live (overrides `data_dir` and
@@ -317,6 +318,10 @@ fn local(
         config.server.bind.clone_from(bind);
     }
     config.tools.journal_path = config.in_data_dir(&config.tools.journal_path);
+    let agents_dir = agents_dir.or_else(|| {
+        let local = PathBuf::from("config/agents");
+        local.is_dir().then_some(local)
+    });
     let agents = load_agents(agents_dir.as_deref())?;
     let tools = troupe::tools::builtin_registry(&config.tools)?;
     let env = EnvModel {

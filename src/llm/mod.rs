@@ -125,6 +125,9 @@ mod defaults {
     }
 }
 
+/// The model of the quick start when only `OPENAI_API_KEY` is set.
+pub const DEFAULT_OPENAI_MODEL: &str = "gpt-4o-mini";
+
 /// The quick-start provider from `OPENAI_BASE_URL`, `OPENAI_API_KEY` and
 /// `TROUPE_MODEL`, read by `main`.
 #[derive(Debug, Clone, Default)]
@@ -182,7 +185,20 @@ pub fn build_models(
             .ok_or_else(|| ModelsError::UnknownProvider { model: name.clone(), provider: model.provider.clone() })?;
         built.insert(name.clone(), Arc::new(OpenAiModel::new(provider.clone(), settings(name, model))));
     }
-    if let Some(id) = &env.model {
+    // An OpenAI key alone means OpenAI's small default model; a server of one's
+    // own must say which model it serves.
+    let env_model = match (&env.model, &env.base_url, &env.api_key) {
+        (Some(id), _, _) => Some(id.clone()),
+        (None, None, Some(_)) => Some(DEFAULT_OPENAI_MODEL.to_owned()),
+        (None, Some(_), _) => {
+            return Err(ModelsError::Invalid {
+                provider: "OPENAI_BASE_URL".to_owned(),
+                message: "is set but TROUPE_MODEL is not: set TROUPE_MODEL to a model id that server serves".to_owned(),
+            });
+        }
+        (None, None, None) => None,
+    };
+    if let Some(id) = &env_model {
         let base_url = env.base_url.clone().unwrap_or_else(|| "https://api.openai.com/v1".to_owned());
         let provider = ProviderConfig::with_base_url(base_url);
         let client = build_provider("env", &provider, env.api_key.clone())?;
@@ -198,7 +214,7 @@ pub fn build_models(
     }
     let default: Arc<dyn ModelClient> = match default_model {
         Some(name) => built.get(name).cloned().ok_or_else(|| ModelsError::UnknownDefault(name.to_owned()))?,
-        None if env.model.is_some() => built.get("env").cloned().unwrap_or_else(|| Arc::new(OfflineModel)),
+        None if env_model.is_some() => built.get("env").cloned().unwrap_or_else(|| Arc::new(OfflineModel)),
         None => built.values().next().cloned().unwrap_or_else(|| Arc::new(OfflineModel)),
     };
     let mut registry = ModelRegistry::new(default).with("offline", Arc::new(OfflineModel));
@@ -289,6 +305,12 @@ mod tests {
             EnvModel { base_url: Some("http://127.0.0.1:9/v1".into()), api_key: None, model: Some("gpt-x".into()) };
         let quick = build_models(&none, &no_models, None, &env, |_| None).unwrap();
         assert_eq!(quick.get(None).unwrap().name(), "env");
+        let key_only = EnvModel { base_url: None, api_key: Some("sk-test".into()), model: None };
+        let openai = build_models(&none, &no_models, None, &key_only, |_| None).unwrap();
+        assert_eq!(openai.get(None).unwrap().name(), "env", "a key alone uses OpenAI");
+        let server_only = EnvModel { base_url: Some("http://127.0.0.1:9/v1".into()), api_key: None, model: None };
+        let error = error_of(build_models(&none, &no_models, None, &server_only, |_| None));
+        assert!(error.contains("TROUPE_MODEL"), "{error}");
     }
 
     fn error_of(result: Result<ModelRegistry, ModelsError>) -> String {
