@@ -324,6 +324,13 @@ fn local(
     });
     let agents = load_agents(agents_dir.as_deref())?;
     let tools = troupe::tools::builtin_registry(&config.tools)?;
+    let guide = match &config.tools.guide_path {
+        Some(path) => {
+            std::fs::read_to_string(path).with_context(|| format!("cannot read the tool guide {}", path.display()))?
+        }
+        None => troupe::tools::guide::DEFAULT_GUIDE.to_owned(),
+    };
+    config.runtime.tool_docs = Arc::new(troupe::tools::guide::parse(&guide));
     let env = EnvModel {
         base_url: std::env::var("OPENAI_BASE_URL").ok(),
         api_key: std::env::var("OPENAI_API_KEY").ok(),

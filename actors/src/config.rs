@@ -58,6 +58,11 @@ pub struct RuntimeConfig {
     /// timeouts (connect, first byte, idle stream) should fire first.
     #[serde(with = "duration_secs")]
     pub model_timeout: Duration,
+    /// The tool guide: for each tool name, the text the system prompt shows for
+    /// it (purpose, when to use it, parameters, an example). Not a config key:
+    /// the binary loads it from `config/tools.md`.
+    #[serde(skip)]
+    pub tool_docs: std::sync::Arc<std::collections::BTreeMap<String, String>>,
 }
 
 impl Default for RuntimeConfig {
@@ -74,6 +79,7 @@ impl Default for RuntimeConfig {
             event_buffer: 256,
             max_reflections: 1,
             model_timeout: Duration::from_secs(600),
+            tool_docs: Default::default(),
         }
     }
 }

@@ -1,5 +1,6 @@
 //! Built-in tools of the `troupe` binary.
 
+pub mod guide;
 mod journal;
 mod text_stats;
 
@@ -18,11 +19,14 @@ pub use text_stats::TextStats;
 pub struct ToolsConfig {
     /// The file the `journal` tool appends to; a relative path is under the data dir.
     pub journal_path: PathBuf,
+    /// A tool guide of your own (the format of `config/tools.md`, which is built
+    /// in), replacing the built-in one.
+    pub guide_path: Option<PathBuf>,
 }
 
 impl Default for ToolsConfig {
     fn default() -> Self {
-        Self { journal_path: PathBuf::from("journal.log") }
+        Self { journal_path: PathBuf::from("journal.log"), guide_path: None }
     }
 }
 

@@ -274,3 +274,19 @@ async fn following_a_failing_run_shows_the_failure_and_exits_1() {
     daemon.terminate();
     let _ = std::fs::remove_dir_all(&sandbox.dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_model_reads_the_tool_guide_for_the_agents_tools() {
+    let sandbox = Sandbox::new("guide", r#"["text_stats"]"#);
+    let model = FakeOpenAi::start(vec![text_stream("Nothing to do.", 1)], None).await.unwrap();
+    let status = sandbox.troupe(&model, &["demo", "--agent", "crash", "hello"]).status().unwrap();
+    assert!(status.success());
+    let request = &model.requests()[0].body;
+    let system = request["messages"][0]["content"].as_str().unwrap();
+    let guide = troupe::tools::guide::parse(troupe::tools::guide::DEFAULT_GUIDE);
+    for tool in ["todo_write", "ask_user", "text_stats"] {
+        assert!(system.contains(&guide[tool]), "the system prompt carries the guide's entry for {tool}:\n{system}");
+    }
+    assert!(!system.contains(&guide["journal"]), "a tool the agent may not use is not described");
+    let _ = std::fs::remove_dir_all(&sandbox.dir);
+}

@@ -315,7 +315,7 @@ impl Session {
         let synthesis = turn > live.run.limits.max_turns;
         let blocked = live.ledger.blocked_tools(turn);
         let tools = prompt::offered_tools(&live.agent, &self.shared.pool.registry, &blocked);
-        let system = prompt::system_prompt(&live.agent, &live.plan, &tools, &blocked);
+        let system = prompt::system_prompt(&live.agent, &live.plan, &tools, &blocked, &self.shared.config.tool_docs);
         let request = prompt::build_request(system, &live.conversation, tools, synthesis, live.run.limits.max_turns);
         let model = live.model.clone();
         let limit = self.shared.config.model_timeout;

@@ -2,6 +2,7 @@
 //! `<available_tools>`), the conversation, and the tools on offer; plus the built-in
 //! `ask_user` tool and citation resolution for the final answer.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock};
 
 use serde_json::{Value, json};
@@ -57,15 +58,26 @@ pub fn offered_tools(agent: &AgentConfig, registry: &ToolRegistry, blocked: &[St
     tools
 }
 
-/// The system prompt: instructions, the plan, and the tools on offer.
-pub fn system_prompt(agent: &AgentConfig, plan: &Plan, tools: &[Arc<ToolDefinition>], blocked: &[String]) -> String {
+/// The system prompt: instructions, the plan, and the tools on offer, each with
+/// its entry of the tool guide (`docs`, by tool name) or else its one-line
+/// description.
+pub fn system_prompt(
+    agent: &AgentConfig,
+    plan: &Plan,
+    tools: &[Arc<ToolDefinition>],
+    blocked: &[String],
+    docs: &BTreeMap<String, String>,
+) -> String {
     let mut text = String::with_capacity(agent.instructions.len() + 512);
     text.push_str(&agent.instructions);
     text.push_str("\n\n");
     text.push_str(&planner::render(plan));
     text.push_str("\n\n<available_tools>\n");
     for tool in tools {
-        text.push_str(&format!("- {}: {}\n", tool.name, tool.description));
+        match docs.get(&tool.name) {
+            Some(entry) => text.push_str(&format!("## {}\n{}\n\n", tool.name, entry.trim())),
+            None => text.push_str(&format!("- {}: {}\n", tool.name, tool.description)),
+        }
     }
     if !blocked.is_empty() {
         text.push_str(&format!("(blocked for now after repeated failures: {})\n", blocked.join(", ")));
