@@ -88,6 +88,19 @@ impl Client {
         self.call(self.request(Method::POST, &format!("/v1/runs/{id}/input")).json(&json!({"text": text}))).await
     }
 
+    /// Approves or rejects a call waiting for approval (`call_id` may be left
+    /// out when only one waits).
+    pub async fn approve(
+        &self,
+        id: &str,
+        call_id: Option<&str>,
+        approved: bool,
+        reason: Option<&str>,
+    ) -> anyhow::Result<RunView> {
+        let body = json!({"approve": approved, "call_id": call_id, "reason": reason});
+        self.call(self.request(Method::POST, &format!("/v1/runs/{id}/input")).json(&body)).await
+    }
+
     /// The agents.
     pub async fn agents(&self) -> anyhow::Result<Vec<AgentView>> {
         self.call(self.request(Method::GET, "/v1/agents")).await

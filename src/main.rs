@@ -152,6 +152,22 @@ enum RunsCommand {
         #[command(flatten)]
         remote: Remote,
     },
+    /// Approve (or with --reject, reject) a call waiting for approval.
+    Approve {
+        /// The run id.
+        id: String,
+        /// The call, when several wait.
+        #[arg(long = "call")]
+        call_id: Option<String>,
+        /// Reject instead of approve.
+        #[arg(long)]
+        reject: bool,
+        /// Why (the model sees it on a rejection).
+        #[arg(long)]
+        reason: Option<String>,
+        #[command(flatten)]
+        remote: Remote,
+    },
     /// Answer a run waiting for input.
     Input {
         /// The run id.
@@ -489,6 +505,10 @@ async fn remote_runs(command: RunsCommand) -> anyhow::Result<ExitCode> {
             print_run(&client.get_run(&id).await?, remote.json)
         }
         RunsCommand::Cancel { id, remote } => print_run(&client(&remote)?.cancel(&id).await?, remote.json),
+        RunsCommand::Approve { id, call_id, reject, reason, remote } => print_run(
+            &client(&remote)?.approve(&id, call_id.as_deref(), !reject, reason.as_deref()).await?,
+            remote.json,
+        ),
         RunsCommand::Input { id, text, remote } => print_run(&client(&remote)?.input(&id, &text).await?, remote.json),
     }
 }

@@ -98,6 +98,18 @@ impl View {
                 self.lines(out, &format!("  ? {prompt}\n  (answer with: troupe runs input {} \"…\")", event.run_id))?;
             }
             EventKind::InputReceived { text } => self.lines(out, &format!("  ↳ {text}"))?,
+            EventKind::ApprovalRequested { tool, call_id, reason, .. } => {
+                let text = format!(
+                    "  ⏸ {tool} waits for approval: {reason}\n  (troupe runs approve {} --call {call_id} [--reject --reason …])",
+                    event.run_id
+                );
+                self.lines(out, &text)?;
+            }
+            EventKind::ApprovalDecided { tool, approved, reason, .. } => {
+                let verdict = if *approved { "approved" } else { "rejected" };
+                let reason = reason.as_ref().map(|reason| format!(": {reason}")).unwrap_or_default();
+                self.lines(out, &format!("  ↳ {tool} {verdict}{reason}"))?;
+            }
             EventKind::DecodeError { detail, .. } => {
                 self.lines(out, &format!("  ! could not decode a tool call: {detail}"))?;
             }

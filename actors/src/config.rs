@@ -47,6 +47,8 @@ pub struct RuntimeConfig {
     pub tool_pool: ToolPoolConfig,
     /// The built-in hooks.
     pub hooks: HookConfig,
+    /// Which tool calls wait for a human.
+    pub approvals: crate::approvals::ApprovalConfig,
     /// The planner.
     pub planner: PlannerConfig,
     /// Live events buffered per run for subscribers; a slower subscriber catches
@@ -75,6 +77,7 @@ impl Default for RuntimeConfig {
             restarts: RestartPolicy::default(),
             tool_pool: ToolPoolConfig::default(),
             hooks: HookConfig::default(),
+            approvals: crate::approvals::ApprovalConfig::default(),
             planner: PlannerConfig::default(),
             event_buffer: 256,
             max_reflections: 1,

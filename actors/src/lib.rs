@@ -25,6 +25,7 @@
 #![warn(missing_docs)]
 
 pub mod admission;
+pub mod approvals;
 pub mod config;
 pub mod events;
 pub mod hooks;
@@ -46,4 +47,4 @@ pub mod testing;
 #[cfg(test)]
 mod tests;
 
-pub use runtime::{CancelError, Deps, InputError, Runtime, RuntimeError, SubmitError, SubmitRequest};
+pub use runtime::{CancelError, Deps, InputError, RunInput, Runtime, RuntimeError, SubmitError, SubmitRequest};

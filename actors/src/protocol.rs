@@ -599,6 +599,34 @@ pub enum EventKind {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reason: Option<String>,
     },
+    /// A call waits for a human's approval (`POST /v1/runs/{id}/input` with
+    /// `approve`); the run parks once its other calls are done.
+    ApprovalRequested {
+        /// The turn.
+        turn: u32,
+        /// The call.
+        call_id: String,
+        /// The tool.
+        tool: String,
+        /// Its arguments.
+        args: Value,
+        /// Why it needs approval.
+        reason: String,
+    },
+    /// A human approved or rejected a call.
+    ApprovalDecided {
+        /// The turn.
+        turn: u32,
+        /// The call.
+        call_id: String,
+        /// The tool.
+        tool: String,
+        /// Approved (it runs) or rejected (the model is told why).
+        approved: bool,
+        /// The human's reason, if given.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
     /// Something went wrong that the client should see.
     Error {
         /// Stable code.
@@ -630,6 +658,8 @@ impl EventKind {
             Self::TurnEnd { .. } => "turn_end",
             Self::FinalOutput { .. } => "final_output",
             Self::RunEnd { .. } => "run_end",
+            Self::ApprovalRequested { .. } => "approval_requested",
+            Self::ApprovalDecided { .. } => "approval_decided",
             Self::Error { .. } => "error",
         }
     }

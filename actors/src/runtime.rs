@@ -123,6 +123,34 @@ pub enum SubmitError {
     Store(#[from] StoreError),
 }
 
+/// What a client sends a parked run.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RunInput {
+    /// The answer to the run's `ask_user` question.
+    Text(String),
+    /// A decision on a call waiting for approval.
+    Approval {
+        /// The call; may be left out when only one call waits.
+        call_id: Option<String>,
+        /// Run it, or not.
+        approved: bool,
+        /// Why; the model sees it on a rejection.
+        reason: Option<String>,
+    },
+}
+
+impl From<String> for RunInput {
+    fn from(text: String) -> Self {
+        Self::Text(text)
+    }
+}
+
+impl From<&str> for RunInput {
+    fn from(text: &str) -> Self {
+        Self::Text(text.to_owned())
+    }
+}
+
 /// Why input was refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum InputError {
@@ -132,6 +160,10 @@ pub enum InputError {
     /// The run is not waiting for input.
     #[error("the run is not waiting for input")]
     NotWaiting,
+    /// The input does not fit what the run waits for (no question is open, no
+    /// such call waits for approval, several calls wait and none was named).
+    #[error("{0}")]
+    Invalid(String),
     /// The runtime is stopping or broken.
     #[error("the runtime is not accepting input")]
     Unavailable,
@@ -322,15 +354,17 @@ impl Runtime {
         self.shared.store.get_run(run_id).await
     }
 
-    /// Answers a run parked on `ask_user`.
-    pub async fn input(&self, run_id: RunId, text: String) -> Result<(), InputError> {
+    /// Answers a run parked on `ask_user` (`RunInput::Text`) or decides on a call
+    /// waiting for approval (`RunInput::Approval`).
+    pub async fn input(&self, run_id: RunId, input: impl Into<RunInput>) -> Result<(), InputError> {
+        let input = input.into();
         let Some(session) = self.session(run_id).await.map_err(|_| InputError::Unavailable)? else {
             return match self.shared.store.get_run(run_id).await? {
                 None => Err(InputError::NotFound),
                 Some(_) => Err(InputError::NotWaiting),
             };
         };
-        match ractor::call!(session, |reply| SessionMsg::Input { text, reply }) {
+        match ractor::call!(session, |reply| SessionMsg::Input { input, reply }) {
             Ok(result) => result,
             // The session stopped as the input came: the run just ended.
             Err(_) => match self.shared.store.get_run(run_id).await? {

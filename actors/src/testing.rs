@@ -287,6 +287,55 @@ impl Tool for LedgerTool {
     }
 }
 
+/// `pay`: a ledger tool that declares every call needs a human's approval.
+#[derive(Default, Clone)]
+pub struct GatedTool {
+    /// Where its calls write.
+    pub ledger: LedgerTool,
+}
+
+#[async_trait]
+impl Tool for GatedTool {
+    fn name(&self) -> &str {
+        "pay"
+    }
+    fn description(&self) -> &str {
+        "Pays an invoice (a human approves each payment)."
+    }
+    fn parameters(&self) -> Value {
+        object_schema(json!({"entry": {"type": "string"}}), &["entry"])
+    }
+    fn requires_approval(&self) -> bool {
+        true
+    }
+    async fn call(&self, context: ToolContext, args: Value) -> Result<ToolOutput, ToolError> {
+        self.ledger.call(context, args).await
+    }
+}
+
+/// `classify`: returns `{"classification": label, "confidence": confidence}` from
+/// its arguments, which labels the run for the approval policy. Idempotent.
+pub struct ClassifierTool;
+
+#[async_trait]
+impl Tool for ClassifierTool {
+    fn name(&self) -> &str {
+        "classify"
+    }
+    fn description(&self) -> &str {
+        "Classifies the request."
+    }
+    fn parameters(&self) -> Value {
+        object_schema(json!({"label": {"type": "string"}, "confidence": {"type": "number"}}), &["label", "confidence"])
+    }
+    fn idempotent(&self) -> bool {
+        true
+    }
+    async fn call(&self, _context: ToolContext, args: Value) -> Result<ToolOutput, ToolError> {
+        Ok(ToolOutput::value(json!({"classification": args["label"], "confidence": args["confidence"]})))
+    }
+}
+
 /// Returns two documents per query and honours `excluded_ids`. Idempotent.
 pub struct SearchTool;
 

@@ -14,9 +14,9 @@ use axum::{Extension, Json, Router};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use troupe_actors::SubmitRequest;
 use troupe_actors::protocol::{Limits, RunId, RunSpec, RunStatus};
 use troupe_actors::store::{RunQuery, RunRecord};
+use troupe_actors::{RunInput, SubmitRequest};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{IntoParams, Modify, OpenApi, ToSchema};
 
@@ -329,20 +329,43 @@ async fn get_run(
     Ok(Json(owned_run(&state, &tenant, &id).await?.into()))
 }
 
-/// An answer to a run's question.
-#[derive(Debug, Deserialize, ToSchema)]
+/// What a parked run is sent: the answer to its question (`text`), or a decision
+/// on a call waiting for approval (`approve`, with `call_id` when several wait,
+/// and an optional `reason` the model sees on a rejection).
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct InputBody {
-    /// The answer.
-    pub text: String,
+    /// The answer to the run's question.
+    #[serde(default)]
+    pub text: Option<String>,
+    /// Approve (true) or reject (false) a call waiting for approval.
+    #[serde(default)]
+    pub approve: Option<bool>,
+    /// The call decided on; needed when several wait.
+    #[serde(default)]
+    pub call_id: Option<String>,
+    /// Why; the model sees it on a rejection.
+    #[serde(default)]
+    pub reason: Option<String>,
 }
 
-/// Answers a run parked on a question (`waiting_input`).
+impl InputBody {
+    fn into_input(self) -> Result<RunInput, ApiError> {
+        match (self.text, self.approve) {
+            (Some(text), None) => Ok(RunInput::Text(text)),
+            (None, Some(approved)) => Ok(RunInput::Approval { call_id: self.call_id, approved, reason: self.reason }),
+            _ => Err(ApiError::invalid("send either \"text\" (an answer) or \"approve\" (a decision on a call)")),
+        }
+    }
+}
+
+/// Answers a run's question, or approves or rejects a call waiting for approval.
 #[utoipa::path(post, path = "/v1/runs/{id}/input", tag = "runs", request_body = InputBody,
     params(("id" = String, Path, description = "The run id.")),
     responses(
         (status = 202, body = RunView, description = "Taken; the run goes on."),
         (status = 404, body = ErrorBody),
+        (status = 400, body = ErrorBody, description = "Neither or both of text and approve; no such call waits."),
         (status = 409, body = ErrorBody, description = "The run is not waiting for input."),
     ),
     security(("bearer" = [])))]
@@ -355,7 +378,7 @@ async fn run_input(
     let Path(id) = path?;
     let run = owned_run(&state, &tenant, &id).await?;
     let Json(body) = body?;
-    state.inner.runtime.input(run.run_id, body.text).await?;
+    state.inner.runtime.input(run.run_id, body.into_input()?).await?;
     let run = state.inner.runtime.get(run.run_id).await?.ok_or_else(ApiError::run_not_found)?;
     Ok((StatusCode::ACCEPTED, Json(RunView::from(run))).into_response())
 }

@@ -34,7 +34,7 @@ pub struct ErrorBody {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ErrorDetail {
     /// Stable code: `unauthorized`, `not_found`, `invalid_json`, `invalid_request`,
-    /// `payload_too_large`, `unknown_agent`, `invalid_limits`, `overloaded`,
+    /// `payload_too_large`, `invalid_input`, `unknown_agent`, `invalid_limits`, `overloaded`,
     /// `tenant_overloaded`, `too_many_streams`, `not_waiting`, `already_ended`,
     /// `unavailable`, `timeout`, `store_error`.
     pub code: String,
@@ -120,6 +120,7 @@ impl From<InputError> for ApiError {
         match error {
             InputError::NotFound => Self::run_not_found(),
             InputError::NotWaiting => Self::new(StatusCode::CONFLICT, "not_waiting", message),
+            InputError::Invalid(_) => Self::new(StatusCode::BAD_REQUEST, "invalid_input", message),
             InputError::Unavailable => Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message),
             InputError::Store(error) => error.into(),
         }

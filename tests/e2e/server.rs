@@ -14,7 +14,7 @@ use troupe::server::{self, AppState, Auth, AuthConfig, ServerConfig};
 use troupe_actors::config::{AgentConfig, RuntimeConfig};
 use troupe_actors::llm::ModelRegistry;
 use troupe_actors::store::{MemoryStore, RunStore};
-use troupe_actors::testing::{EchoTool, ScriptedModel, Step, calls, text};
+use troupe_actors::testing::{EchoTool, GatedTool, ScriptedModel, Step, calls, text};
 use troupe_actors::tool::ToolRegistry;
 use troupe_actors::{Deps, Runtime};
 
@@ -32,8 +32,8 @@ struct TestServer {
 /// with the `echo` tool, `model` answering.
 async fn start(model: ScriptedModel, runtime_config: RuntimeConfig, server_config: ServerConfig) -> TestServer {
     let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
-    let tools = ToolRegistry::new().with(Arc::new(EchoTool)).unwrap();
-    let agent = AgentConfig::new("default", "You are a test agent.", vec!["echo".to_owned()]);
+    let tools = ToolRegistry::new().with(Arc::new(EchoTool)).unwrap().with(Arc::new(GatedTool::default())).unwrap();
+    let agent = AgentConfig::new("default", "You are a test agent.", vec!["echo".to_owned(), "pay".to_owned()]);
     let deps =
         Deps { store, models: ModelRegistry::new(Arc::new(model)), tools, hooks: Vec::new(), agents: vec![agent] };
     let runtime = Arc::new(Runtime::start(runtime_config, deps).await.unwrap());
@@ -418,7 +418,7 @@ async fn the_catalog_health_and_openapi_routes_answer() {
     let get = reqwest::Method::GET;
     let agents = server.send(get.clone(), "/v1/agents", Some(ALPHA), None).await;
     assert_eq!(agents.body[0]["name"], "default");
-    assert_eq!(agents.body[0]["tools"], json!(["echo"]));
+    assert_eq!(agents.body[0]["tools"], json!(["echo", "pay"]));
     let tools = server.send(get.clone(), "/v1/tools", Some(ALPHA), None).await;
     assert_eq!(tools.body[0]["name"], "echo");
     assert_eq!(tools.body[0]["parameters"]["type"], "object");
@@ -458,4 +458,48 @@ async fn request_limits_only_lower_the_agents_own() {
     let lower = json!({"input": "x", "limits": {"max_turns": 2}});
     let run = server.send(reqwest::Method::POST, "/v1/runs", Some(ALPHA), Some(lower)).await;
     assert_eq!(run.body["limits"]["max_turns"], 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_waiting_for_approval_is_approved_or_rejected_over_the_api() {
+    let model = ScriptedModel::per_turn(vec![
+        calls(&[("pay", json!({"entry": "a"})), ("pay", json!({"entry": "b"}))]),
+        text("Done."),
+    ]);
+    let server = start(model, RuntimeConfig::default(), ServerConfig::default()).await;
+    let id = server.create(ALPHA, "pay both").await;
+    let mut events = server.events(ALPHA, &id, None).await;
+    let mut waiting = Vec::new();
+    while let Some((_, name, data)) = events.next().await {
+        if name == "approval_requested" {
+            waiting.push(data["call_id"].as_str().unwrap().to_owned());
+        }
+        if name == "waiting_input" {
+            break;
+        }
+    }
+    assert_eq!(waiting.len(), 2);
+    let input = format!("/v1/runs/{id}/input");
+    let post = reqwest::Method::POST;
+    let vague = server.send(post.clone(), &input, Some(ALPHA), Some(json!({"approve": true}))).await;
+    assert_eq!((vague.status, vague.code()), (StatusCode::BAD_REQUEST, "invalid_input"), "two wait: name one");
+    let both = server.send(post.clone(), &input, Some(ALPHA), Some(json!({"approve": true, "text": "x"}))).await;
+    assert_eq!(both.status, StatusCode::BAD_REQUEST);
+    let other =
+        server.send(post.clone(), &input, Some(BETA), Some(json!({"approve": true, "call_id": waiting[0]}))).await;
+    assert_eq!(other.status, StatusCode::NOT_FOUND, "another tenant cannot approve");
+
+    let yes = json!({"approve": true, "call_id": waiting[0]});
+    assert_eq!(server.send(post.clone(), &input, Some(ALPHA), Some(yes)).await.status, StatusCode::ACCEPTED);
+    let no = json!({"approve": false, "call_id": waiting[1], "reason": "twice is too many"});
+    assert_eq!(server.send(post, &input, Some(ALPHA), Some(no)).await.status, StatusCode::ACCEPTED);
+    let mut decided = Vec::new();
+    while let Some((_, name, data)) = events.next().await {
+        if name == "approval_decided" {
+            decided.push((data["call_id"].as_str().unwrap().to_owned(), data["approved"].as_bool().unwrap()));
+        }
+    }
+    assert_eq!(decided, vec![(waiting[0].clone(), true), (waiting[1].clone(), false)]);
+    let run = server.send(reqwest::Method::GET, &format!("/v1/runs/{id}"), Some(ALPHA), None).await;
+    assert_eq!(run.body["status"], "succeeded");
 }

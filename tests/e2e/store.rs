@@ -267,7 +267,7 @@ async fn runs_on(store: Arc<dyn RunStore>) {
     second.shutdown(Duration::from_secs(5)).await;
 
     let third = runtime(store.clone(), parked_model.clone(), &ledger).await;
-    third.input(parked, "this one".into()).await.unwrap();
+    third.input(parked, "this one").await.unwrap();
     assert_eq!(third.wait(parked).await.unwrap().status, RunStatus::Succeeded);
     assert_eq!(parked_model.request_count(), 2, "the committed turn-1 reply was not asked again");
 }

@@ -23,6 +23,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, Span, info, info_span, warn};
 
+use crate::approvals::{self, RunLabels, ToolTraits};
 use crate::config::AgentConfig;
 use crate::hooks::RunLedger;
 use crate::llm::{Message, ModelChunk, ModelClient, ModelDelta, ModelError, ModelReply, Role};
@@ -33,7 +34,7 @@ use crate::protocol::{
     ToolExecutionRecord, ToolOutcome, Usage,
 };
 use crate::reviewer::{CallSummary, ReviewInput, ReviewReply, ReviewerMsg};
-use crate::runtime::{InputError, RuntimeShared};
+use crate::runtime::{InputError, RunInput, RuntimeShared};
 use crate::store::{Commit, RunRecord, StoreError, StoreWrite, StoredMessage};
 use crate::tool_pool::{ToolJob, ToolPoolMsg, ToolReply, ToolResult, WorkItem};
 
@@ -68,10 +69,11 @@ pub enum SessionMsg {
         /// The verdict.
         review: Review,
     },
-    /// The user's answer to an `ask_user` question.
+    /// The user's answer to an `ask_user` question, or a decision on a call
+    /// waiting for approval.
     Input {
-        /// The answer.
-        text: String,
+        /// What the client sent.
+        input: RunInput,
         /// Accepted, or why not.
         reply: RpcReplyPort<Result<(), InputError>>,
     },
@@ -125,6 +127,9 @@ struct Live {
     model_task: Option<AbortOnDrop>,
     /// Final answers sent back by `gather_more` reviews so far.
     reflections: u32,
+    /// What the run's tools said about it (classification, confidence), for the
+    /// approval policy.
+    labels: RunLabels,
     turn_clock: Instant,
 }
 
@@ -148,6 +153,10 @@ struct ToolTurn {
     in_flight: usize,
     /// The turn's `ask_user` call, answered by `Input`.
     ask: Option<usize>,
+    /// Calls waiting for a human's approval.
+    awaiting: Vec<usize>,
+    /// Calls approved and not yet dispatched.
+    approved: Vec<usize>,
     /// Tool result messages by call index. They join the conversation in call
     /// order once the turn's calls are all answered, whatever order they finished
     /// in, so a resumed run sees the same conversation as an uninterrupted one.
@@ -158,7 +167,17 @@ impl ToolTurn {
     fn new(turn: u32, calls: Vec<ToolCall>) -> Self {
         let results = vec![None; calls.len()];
         let messages = vec![None; calls.len()];
-        Self { turn, calls, results, next: 0, in_flight: 0, ask: None, messages }
+        Self {
+            turn,
+            calls,
+            results,
+            next: 0,
+            in_flight: 0,
+            ask: None,
+            awaiting: Vec::new(),
+            approved: Vec::new(),
+            messages,
+        }
     }
 }
 
@@ -262,7 +281,10 @@ impl Session {
             }
             SessionMsg::ToolDone(result) => self.on_tool_done(&myself, live, *result).await,
             SessionMsg::Reviewed { turn, review } => self.on_reviewed(&myself, live, turn, review).await,
-            SessionMsg::Input { text, reply } => self.on_input(&myself, live, text, reply).await,
+            SessionMsg::Input { input: RunInput::Text(text), reply } => self.on_input(&myself, live, text, reply).await,
+            SessionMsg::Input { input: RunInput::Approval { call_id, approved, reason }, reply } => {
+                self.on_approval(&myself, live, call_id, approved, reason, reply).await
+            }
             SessionMsg::Cancel { reply } => {
                 self.finish(&myself, live, RunStatus::Cancelled, Some("cancelled by the client".to_owned()), None)
                     .await?;
@@ -399,6 +421,17 @@ impl Session {
     async fn advance_tools(&self, myself: &ActorRef<SessionMsg>, live: &mut Live) -> Result<(), ActorProcessingErr> {
         let max_parallel = live.run.limits.max_parallel_tools.max(1);
         let mut jobs = Vec::new();
+        // Calls a human just approved go first.
+        while let Some(tools) = tools_mut(live)
+            && tools.in_flight < max_parallel
+            && !tools.approved.is_empty()
+        {
+            let index = tools.approved.remove(0);
+            tools.in_flight += 1;
+            let work = self.work_item(live, index);
+            self.mark_started(live, &work);
+            jobs.push(work);
+        }
         loop {
             let Some(tools) = tools_mut(live) else {
                 return Ok(());
@@ -442,15 +475,23 @@ impl Session {
                     self.record_result(live, result);
                 }
                 _ => {
-                    tools.in_flight += 1;
-                    let work = WorkItem {
-                        run_id: live.run.run_id,
-                        turn,
-                        index,
-                        call,
-                        ledger: live.ledger.clone(),
-                        cancel: live.cancel.child_token(),
-                    };
+                    if let Some(reason) = self.approval_reason(live, &call) {
+                        live.outbox.emit(EventKind::ApprovalRequested {
+                            turn,
+                            call_id: call.call_id.clone(),
+                            tool: call.name.clone(),
+                            args: call.args.clone(),
+                            reason,
+                        });
+                        if let Some(tools) = tools_mut(live) {
+                            tools.awaiting.push(index);
+                        }
+                        continue;
+                    }
+                    if let Some(tools) = tools_mut(live) {
+                        tools.in_flight += 1;
+                    }
+                    let work = self.work_item(live, index);
                     self.mark_started(live, &work);
                     jobs.push(work);
                 }
@@ -471,6 +512,32 @@ impl Session {
             }
         }
         self.maybe_end_tools(myself, live).await
+    }
+
+    /// The work item of call `index` of the current turn.
+    fn work_item(&self, live: &Live, index: usize) -> WorkItem {
+        let (turn, call) = match &live.phase {
+            Phase::Tools(tools) | Phase::WaitingInput(tools) => (tools.turn, tools.calls[index].clone()),
+            _ => (live.run.turn, ToolCall { call_id: String::new(), name: String::new(), args: Value::Null }),
+        };
+        WorkItem {
+            run_id: live.run.run_id,
+            turn,
+            index,
+            call,
+            ledger: live.ledger.clone(),
+            cancel: live.cancel.child_token(),
+        }
+    }
+
+    /// Why `call` must wait for a human, if it must.
+    fn approval_reason(&self, live: &Live, call: &ToolCall) -> Option<String> {
+        let registered = self.shared.pool.registry.get(&call.name)?;
+        let traits = ToolTraits {
+            idempotent: registered.tool.idempotent(),
+            requires_approval: registered.tool.requires_approval(),
+        };
+        approvals::reason(&self.shared.config.approvals, &call.name, &traits, &call.args, &live.labels)
     }
 
     /// Records a call as `started` with its start events.
@@ -504,8 +571,19 @@ impl Session {
         if tools.next < tools.calls.len() || tools.in_flight > 0 {
             return Ok(());
         }
-        if let Some(ask) = tools.ask.filter(|ask| tools.results[*ask].is_none()) {
-            let prompt = prompt::ask_user_question(&tools.calls[ask].args).unwrap_or_default();
+        let question = tools.ask.filter(|ask| tools.results[*ask].is_none());
+        if question.is_some() || !tools.awaiting.is_empty() {
+            let prompt = match question {
+                Some(ask) => prompt::ask_user_question(&tools.calls[ask].args).unwrap_or_default(),
+                None => {
+                    let waiting: Vec<String> = tools
+                        .awaiting
+                        .iter()
+                        .map(|index| format!("{} ({})", tools.calls[*index].name, tools.calls[*index].call_id))
+                        .collect();
+                    format!("approve or reject: {}", waiting.join(", "))
+                }
+            };
             live.outbox.emit(EventKind::WaitingInput { prompt });
             live.outbox.write(StoreWrite::Status { status: RunStatus::WaitingInput, reason: None });
             live.run.status = RunStatus::WaitingInput;
@@ -570,6 +648,9 @@ impl Session {
         live.outbox.write(StoreWrite::ToolExecution(record.clone()));
         if !new_documents.is_empty() {
             live.outbox.write(StoreWrite::Documents(new_documents));
+        }
+        if let ToolOutcome::Ok { value, .. } = &outcome {
+            live.labels.absorb(value);
         }
         let message = Message::tool_result(call.call_id.clone(), outcome.to_model_text());
         live.outbox.write(StoreWrite::Message(StoredMessage { turn, message: message.clone() }));
@@ -691,9 +772,15 @@ impl Session {
             let _ = reply.send(Err(InputError::NotWaiting));
             return Ok(());
         };
-        let Some(ask) = tools.ask else {
+        let Some(ask) = tools.ask.filter(|ask| tools.results[*ask].is_none()) else {
+            let waits_for_approval = !tools.awaiting.is_empty();
             live.phase = Phase::WaitingInput(tools);
-            let _ = reply.send(Err(InputError::NotWaiting));
+            let error = if waits_for_approval {
+                InputError::Invalid("the run waits for an approval, not for an answer".to_owned())
+            } else {
+                InputError::NotWaiting
+            };
+            let _ = reply.send(Err(error));
             return Ok(());
         };
         let turn = tools.turn;
@@ -708,6 +795,69 @@ impl Session {
         self.flush(live).await?;
         let _ = reply.send(Ok(()));
         // A resumed turn has not walked its calls yet; answered ones are skipped.
+        self.advance_tools(myself, live).await
+    }
+
+    /// A human's decision on a call waiting for approval: an approved call is
+    /// dispatched (its `started` record commits with the decision), a rejected
+    /// one is answered with the rejection, which the model sees.
+    async fn on_approval(
+        &self,
+        myself: &ActorRef<SessionMsg>,
+        live: &mut Live,
+        call_id: Option<String>,
+        approved: bool,
+        reason: Option<String>,
+        reply: RpcReplyPort<Result<(), InputError>>,
+    ) -> Result<(), ActorProcessingErr> {
+        let Some(tools) = tools_mut(live).filter(|tools| !tools.awaiting.is_empty()) else {
+            let _ = reply.send(Err(InputError::NotWaiting));
+            return Ok(());
+        };
+        let position = match &call_id {
+            Some(id) => tools.awaiting.iter().position(|index| &tools.calls[*index].call_id == id),
+            None if tools.awaiting.len() == 1 => Some(0),
+            None => {
+                let ids: Vec<&str> = tools.awaiting.iter().map(|index| tools.calls[*index].call_id.as_str()).collect();
+                let message = format!("several calls wait for approval; name one with call_id: {}", ids.join(", "));
+                let _ = reply.send(Err(InputError::Invalid(message)));
+                return Ok(());
+            }
+        };
+        let Some(position) = position else {
+            let _ = reply.send(Err(InputError::Invalid("no call with that call_id waits for approval".to_owned())));
+            return Ok(());
+        };
+        let index = tools.awaiting.remove(position);
+        let (turn, call) = (tools.turn, tools.calls[index].clone());
+        if approved {
+            tools.approved.push(index);
+        }
+        if let Phase::WaitingInput(tools) = std::mem::replace(&mut live.phase, Phase::Idle) {
+            live.phase = Phase::Tools(tools);
+        }
+        if live.run.status == RunStatus::WaitingInput {
+            live.run.status = RunStatus::Running;
+            live.outbox.write(StoreWrite::Status { status: RunStatus::Running, reason: None });
+        }
+        live.outbox.emit(EventKind::ApprovalDecided {
+            turn,
+            call_id: call.call_id.clone(),
+            tool: call.name.clone(),
+            approved,
+            reason: reason.clone(),
+        });
+        if !approved {
+            let detail = match &reason {
+                Some(reason) => format!("a human rejected this call: {reason}"),
+                None => "a human rejected this call".to_owned(),
+            };
+            let outcome = ToolOutcome::skipped(SkipReason::Denied, detail);
+            let result = self.builtin_result(live, turn, index, call, outcome, Utc::now(), 0);
+            self.record_result(live, result);
+        }
+        let _ = reply.send(Ok(()));
+        // The decision commits with what it lets run (the `started` record).
         self.advance_tools(myself, live).await
     }
 

@@ -12,6 +12,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::approvals::RunLabels;
 use crate::config::AgentConfig;
 use crate::hooks::RunLedger;
 use crate::llm::{Message, Role};
@@ -63,6 +64,10 @@ impl Session {
             .filter(|m| m.message.role == Role::Assistant && m.message.tool_calls.is_empty())
             .filter(|m| m.turn < run.turn && m.turn <= max_turns)
             .count() as u32;
+        let mut labels = RunLabels::default();
+        for stored in snapshot.messages.iter().filter(|m| m.message.role == Role::Tool) {
+            labels.absorb_text(&stored.message.content);
+        }
         let live = state.live.insert(Live {
             run: run.clone(),
             model: model.clone().unwrap_or_else(|| self.shared.models.fallback()),
@@ -87,6 +92,7 @@ impl Session {
             cancel,
             model_task: None,
             reflections,
+            labels,
             turn_clock: Instant::now(),
         });
         if known_agent.is_none() || model.is_none() {
@@ -176,6 +182,9 @@ impl Session {
                 }
             } else if record.is_some_and(|r| r.status == CallStatus::Started) && !self.idempotent(&call.name) {
                 interrupted.push(index);
+            } else if record.is_none() && live.run.status == RunStatus::WaitingInput {
+                // Parked with this call never started: it waits for approval.
+                tools.awaiting.push(index);
             }
         }
         live.phase = Phase::Tools(tools);
@@ -203,8 +212,10 @@ impl Session {
             self.record_result(live, result);
         }
         if live.run.status == RunStatus::WaitingInput
-            && let Phase::Tools(tools) = std::mem::replace(&mut live.phase, Phase::Idle)
+            && let Phase::Tools(mut tools) = std::mem::replace(&mut live.phase, Phase::Idle)
         {
+            // Every call is answered, asked or awaiting approval: none to walk again.
+            tools.next = tools.calls.len();
             live.phase = Phase::WaitingInput(tools);
             return Ok(());
         }

@@ -22,20 +22,20 @@ async fn ask_user_parks_the_run_until_input_arrives() {
     assert!(matches!(&parked.kind, EventKind::WaitingInput { prompt } if prompt == "which account?"));
     assert_eq!(harness.runtime.get(run_id).await.unwrap().unwrap().status, RunStatus::WaitingInput);
 
-    harness.runtime.input(run_id, "the work one".into()).await.unwrap();
+    harness.runtime.input(run_id, "the work one").await.unwrap();
     let (record, all) = harness.finish(run_id).await;
     assert_eq!(record.status, RunStatus::Succeeded);
     assert_eq!(tool_messages(&harness.requests()[1]), vec!["the work one".to_owned()]);
     assert!(all.iter().any(|e| matches!(&e.kind, EventKind::InputReceived { text } if text == "the work one")));
-    assert_eq!(harness.runtime.input(run_id, "late".into()).await, Err(InputError::NotWaiting));
+    assert_eq!(harness.runtime.input(run_id, "late").await, Err(InputError::NotWaiting));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn input_for_a_run_that_is_not_waiting_is_refused() {
     let harness = Setup::new(ScriptedModel::per_turn(vec![Step::Hang])).start().await;
     let run_id = harness.submit("think").await;
-    assert_eq!(harness.runtime.input(run_id, "hello".into()).await, Err(InputError::NotWaiting));
-    assert_eq!(harness.runtime.input(crate::protocol::RunId::new(), "x".into()).await, Err(InputError::NotFound));
+    assert_eq!(harness.runtime.input(run_id, "hello").await, Err(InputError::NotWaiting));
+    assert_eq!(harness.runtime.input(crate::protocol::RunId::new(), "x").await, Err(InputError::NotFound));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

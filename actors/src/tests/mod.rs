@@ -1,6 +1,7 @@
 //! Actor-tree tests: a real `Runtime` with a scripted model, test tools and the
 //! memory store. Each test drives runs and asserts on their committed events.
 
+mod approvals;
 mod control;
 mod hooks_e2e;
 mod supervision;

@@ -122,7 +122,7 @@ async fn a_parked_run_survives_a_restart_of_the_runtime() {
     setup.store = store.clone();
     let second = setup.start().await;
     assert_eq!(second.runtime.get(run_id).await.unwrap().unwrap().status, RunStatus::WaitingInput, "still parked");
-    second.runtime.input(run_id, "the work one".into()).await.unwrap();
+    second.runtime.input(run_id, "the work one").await.unwrap();
     let (record, events) = second.finish(run_id).await;
 
     assert_eq!(record.status, RunStatus::Succeeded);

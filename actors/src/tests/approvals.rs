@@ -1,0 +1,118 @@
+//! Calls that wait for a human: declared by the tool, or by the seed policy for a
+//! run classified as a complaint or with low confidence.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::protocol::{CallStatus, EventKind, RunStatus};
+use crate::runtime::{InputError, RunInput};
+use crate::store::{MemoryStore, RunStore};
+use crate::testing::{ClassifierTool, GatedTool, ScriptedModel, calls, text};
+use crate::tests::{Harness, Setup, tool_messages, wait_for};
+
+fn approval(approved: bool, reason: Option<&str>) -> RunInput {
+    RunInput::Approval { call_id: None, approved, reason: reason.map(str::to_owned) }
+}
+
+async fn gated(model: ScriptedModel, store: Option<Arc<dyn RunStore>>) -> (Harness, GatedTool) {
+    let gate = GatedTool::default();
+    let mut setup = Setup::new(model);
+    setup.extra_tools = vec![Arc::new(gate.clone()), Arc::new(ClassifierTool)];
+    if let Some(store) = store {
+        setup.store = store;
+    }
+    (setup.start().await, gate)
+}
+
+fn pay_then_answer() -> ScriptedModel {
+    ScriptedModel::per_turn(vec![calls(&[("pay", json!({"entry": "invoice 7"}))]), text("Paid.")])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_needs_approval_parks_the_run_and_runs_once_approved() {
+    let (harness, gate) = gated(pay_then_answer(), None).await;
+    let run_id = harness.submit("pay invoice 7").await;
+    let mut events = harness.runtime.subscribe(run_id, 0);
+    let requested = wait_for(&mut events, |kind| matches!(kind, EventKind::ApprovalRequested { .. })).await;
+    assert!(matches!(&requested.kind, EventKind::ApprovalRequested { tool, reason, .. }
+        if tool == "pay" && reason.contains("always needs approval")));
+    wait_for(&mut events, |kind| matches!(kind, EventKind::WaitingInput { .. })).await;
+    assert_eq!(harness.runtime.get(run_id).await.unwrap().unwrap().status, RunStatus::WaitingInput);
+    assert!(gate.ledger.lines.lock().unwrap().is_empty(), "nothing ran before the approval");
+    assert!(matches!(
+        harness.runtime.input(run_id, "an answer").await,
+        Err(InputError::Invalid(message)) if message.contains("approval")
+    ));
+
+    harness.runtime.input(run_id, approval(true, None)).await.unwrap();
+    let (record, all) = harness.finish(run_id).await;
+    assert_eq!(record.status, RunStatus::Succeeded);
+    assert_eq!(gate.ledger.lines.lock().unwrap().len(), 1, "the approved call ran once");
+    assert!(all.iter().any(|e| matches!(&e.kind, EventKind::ApprovalDecided { approved: true, .. })));
+    assert!(all.iter().any(|e| matches!(&e.kind,
+        EventKind::ToolCallEnd { tool, status: CallStatus::Completed, .. } if tool == "pay")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_call_never_runs_and_the_model_is_told_why() {
+    let (harness, gate) = gated(pay_then_answer(), None).await;
+    let run_id = harness.submit("pay invoice 7").await;
+    let mut events = harness.runtime.subscribe(run_id, 0);
+    wait_for(&mut events, |kind| matches!(kind, EventKind::WaitingInput { .. })).await;
+    let unknown = RunInput::Approval { call_id: Some("nope".into()), approved: true, reason: None };
+    assert!(matches!(harness.runtime.input(run_id, unknown).await, Err(InputError::Invalid(_))));
+
+    harness.runtime.input(run_id, approval(false, Some("over budget this month"))).await.unwrap();
+    let (record, _) = harness.finish(run_id).await;
+    assert_eq!(record.status, RunStatus::Succeeded);
+    assert!(gate.ledger.lines.lock().unwrap().is_empty());
+    let told = tool_messages(&harness.requests()[1]);
+    assert!(told[0].contains("rejected") && told[0].contains("over budget this month"), "{told:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_seed_rule_sends_side_effects_of_a_complaint_to_a_human() {
+    let script = |label: &str, confidence: f64| {
+        ScriptedModel::per_turn(vec![
+            calls(&[("classify", json!({"label": label, "confidence": confidence}))]),
+            calls(&[("ledger", json!({"entry": "refund"}))]),
+            text("Done."),
+        ])
+    };
+    for (label, confidence, gated_call) in
+        [("complaint", 0.95, true), ("question", 0.5, true), ("question", 0.95, false)]
+    {
+        let (harness, _) = gated(script(label, confidence), None).await;
+        let run_id = harness.submit("handle this email").await;
+        if gated_call {
+            let mut events = harness.runtime.subscribe(run_id, 0);
+            let requested = wait_for(&mut events, |kind| matches!(kind, EventKind::ApprovalRequested { .. })).await;
+            assert!(matches!(&requested.kind, EventKind::ApprovalRequested { tool, .. } if tool == "ledger"));
+            assert!(harness.ledger.lines.lock().unwrap().is_empty(), "{label} {confidence}");
+            harness.runtime.input(run_id, approval(true, None)).await.unwrap();
+        }
+        let (record, all) = harness.finish(run_id).await;
+        assert_eq!(record.status, RunStatus::Succeeded);
+        assert_eq!(harness.ledger.lines.lock().unwrap().len(), 1);
+        let asked = all.iter().any(|e| matches!(e.kind, EventKind::ApprovalRequested { .. }));
+        assert_eq!(asked, gated_call, "{label} {confidence}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_awaiting_approval_survives_a_restart() {
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let (first, _) = gated(pay_then_answer(), Some(store.clone())).await;
+    let run_id = first.submit("pay invoice 7").await;
+    let mut events = first.runtime.subscribe(run_id, 0);
+    wait_for(&mut events, |kind| matches!(kind, EventKind::WaitingInput { .. })).await;
+    first.runtime.shutdown(Duration::from_secs(5)).await;
+
+    let (second, gate) = gated(pay_then_answer(), Some(store)).await;
+    second.runtime.input(run_id, approval(true, None)).await.unwrap();
+    let (record, _) = second.finish(run_id).await;
+    assert_eq!(record.status, RunStatus::Succeeded);
+    assert_eq!(gate.ledger.lines.lock().unwrap().len(), 1);
+}
