@@ -54,6 +54,9 @@ pub struct RuntimeConfig {
     /// Live events buffered per run for subscribers; a slower subscriber catches
     /// up from the store.
     pub event_buffer: usize,
+    /// Levels of sub-runs (`run_agent`) a run may start below it: 1 lets a run
+    /// call agents that cannot call further.
+    pub max_agent_depth: u32,
     /// Times a final answer may be sent back by a `gather_more` review.
     pub max_reflections: u32,
     /// Longest a model call may take, streaming included; the model client's own
@@ -80,6 +83,7 @@ impl Default for RuntimeConfig {
             approvals: crate::approvals::ApprovalConfig::default(),
             planner: PlannerConfig::default(),
             event_buffer: 256,
+            max_agent_depth: 2,
             max_reflections: 1,
             model_timeout: Duration::from_secs(600),
             tool_docs: Default::default(),

@@ -580,7 +580,8 @@ fn check_agents(deps: &Deps) -> Result<HashMap<String, Arc<AgentConfig>>, Runtim
     let mut agents = HashMap::new();
     for agent in &deps.agents {
         for tool in &agent.tools {
-            if deps.tools.get(tool).is_none() {
+            let builtin = tool == crate::session::RUN_AGENT || tool == crate::session::LIST_AGENTS;
+            if !builtin && deps.tools.get(tool).is_none() {
                 return Err(RuntimeError::Config(format!("agent {} names unknown tool {tool}", agent.name)));
             }
         }

@@ -50,7 +50,7 @@ mod tests {
         let guide = parse(DEFAULT_GUIDE);
         let registry = crate::tools::builtin_registry(&crate::tools::ToolsConfig::default()).unwrap();
         let mut names = registry.names();
-        names.extend(["todo_write".to_owned(), "ask_user".to_owned()]);
+        names.extend(["todo_write", "ask_user", "list_agents", "run_agent"].map(str::to_owned));
         for name in names {
             let entry = guide.get(&name).unwrap_or_else(|| panic!("config/tools.md has no entry for {name}"));
             for section in SECTIONS {

@@ -12,6 +12,7 @@
 
 mod prompt;
 mod resume;
+mod sub_runs;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -36,9 +37,10 @@ use crate::protocol::{
 use crate::reviewer::{CallSummary, ReviewInput, ReviewReply, ReviewerMsg};
 use crate::runtime::{InputError, RunInput, RuntimeShared};
 use crate::store::{Commit, RunRecord, StoreError, StoreWrite, StoredMessage};
-use crate::tool_pool::{ToolJob, ToolPoolMsg, ToolReply, ToolResult, WorkItem};
+use crate::tool_pool::{ToolJob, ToolPoolMsg, ToolReply, ToolResult, WorkItem, book};
 
 pub use prompt::{ASK_USER, ask_user_definition, resolve_citations};
+pub use sub_runs::{LIST_AGENTS, RUN_AGENT};
 
 /// Messages a session takes.
 pub enum SessionMsg {
@@ -130,6 +132,8 @@ struct Live {
     /// What the run's tools said about it (classification, confidence), for the
     /// approval policy.
     labels: RunLabels,
+    /// How deep this run is among sub-runs (0: started by a client).
+    depth: u32,
     turn_clock: Instant,
 }
 
@@ -421,6 +425,7 @@ impl Session {
     async fn advance_tools(&self, myself: &ActorRef<SessionMsg>, live: &mut Live) -> Result<(), ActorProcessingErr> {
         let max_parallel = live.run.limits.max_parallel_tools.max(1);
         let mut jobs = Vec::new();
+        let mut sub_run_calls = Vec::new();
         // Calls a human just approved go first.
         while let Some(tools) = tools_mut(live)
             && tools.in_flight < max_parallel
@@ -447,6 +452,20 @@ impl Session {
             }
             let (turn, ask, call) = (tools.turn, tools.ask, tools.calls[index].clone());
             match call.name.as_str() {
+                sub_runs::LIST_AGENTS => {
+                    self.emit_call_start(live, turn, &call, "Listing the agents".to_owned());
+                    let outcome = sub_runs::list_agents(&self.shared);
+                    let result = self.builtin_result(live, turn, index, call, outcome, Utc::now(), 0);
+                    self.record_result(live, result);
+                }
+                sub_runs::RUN_AGENT => {
+                    if let Some(tools) = tools_mut(live) {
+                        tools.in_flight += 1;
+                    }
+                    let work = self.work_item(live, index);
+                    self.mark_started(live, &work);
+                    sub_run_calls.push(work);
+                }
                 TODO_WRITE => {
                     self.emit_call_start(live, turn, &call, "Updating the plan".to_owned());
                     let result = self.todo_write(myself, live, turn, index, call).await?;
@@ -498,6 +517,22 @@ impl Session {
             }
         }
         self.flush(live).await?;
+        // Their `started` records are committed: the sub-runs may be created.
+        let mut refused = false;
+        for work in sub_run_calls {
+            if let Some(outcome) = self.start_sub_run(myself, live, work.clone()).await? {
+                let summary = format!("run_agent failed ({})", outcome.to_model_text());
+                let result = book(&self.shared.pool, &work, outcome, Utc::now(), Default::default(), 0.0, summary);
+                if let Some(tools) = tools_mut(live) {
+                    tools.in_flight = tools.in_flight.saturating_sub(1);
+                }
+                self.record_result(live, result);
+                refused = true;
+            }
+        }
+        if refused {
+            self.flush(live).await?;
+        }
         let pool = self.shared.handles.tool_pool();
         for work in jobs {
             let session = myself.clone();

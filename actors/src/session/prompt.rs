@@ -53,8 +53,11 @@ pub fn ask_user_question(args: &Value) -> Option<String> {
 /// are not blocked.
 pub fn offered_tools(agent: &AgentConfig, registry: &ToolRegistry, blocked: &[String]) -> Vec<Arc<ToolDefinition>> {
     let mut tools = vec![planner::todo_write_definition(), ask_user_definition()];
-    tools
-        .extend(agent.tools.iter().filter(|name| !blocked.contains(name)).filter_map(|name| registry.definition(name)));
+    tools.extend(agent.tools.iter().filter(|name| !blocked.contains(name)).filter_map(|name| match name.as_str() {
+        super::sub_runs::LIST_AGENTS => Some(super::sub_runs::list_agents_definition()),
+        super::sub_runs::RUN_AGENT => Some(super::sub_runs::run_agent_definition()),
+        _ => registry.definition(name),
+    }));
     tools
 }
 

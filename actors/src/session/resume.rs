@@ -64,6 +64,7 @@ impl Session {
             .filter(|m| m.message.role == Role::Assistant && m.message.tool_calls.is_empty())
             .filter(|m| m.turn < run.turn && m.turn <= max_turns)
             .count() as u32;
+        let depth = super::sub_runs::depth(&self.shared, &snapshot.run, self.shared.config.max_agent_depth).await?;
         let mut labels = RunLabels::default();
         for stored in snapshot.messages.iter().filter(|m| m.message.role == Role::Tool) {
             labels.absorb_text(&stored.message.content);
@@ -93,6 +94,7 @@ impl Session {
             model_task: None,
             reflections,
             labels,
+            depth,
             turn_clock: Instant::now(),
         });
         if known_agent.is_none() || model.is_none() {

@@ -4,6 +4,7 @@
 mod approvals;
 mod control;
 mod hooks_e2e;
+mod sub_runs;
 mod supervision;
 mod turn_loop;
 

@@ -1,0 +1,142 @@
+//! Multi-agent runs: `run_agent` starts a sub-run of another agent, under the
+//! caller's tenant and budget, and returns its final answer.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::config::{AgentConfig, RuntimeConfig};
+use crate::llm::ModelRegistry;
+use crate::protocol::{EventKind, Limits, RunId, RunStatus};
+use crate::runtime::{Deps, Runtime, SubmitRequest};
+use crate::store::{MemoryStore, RunQuery, RunRecord, RunStore};
+use crate::testing::{EchoTool, ScriptedModel, Step, calls, text};
+use crate::tests::{collect, tool_messages};
+use crate::tool::ToolRegistry;
+
+struct Team {
+    runtime: Runtime,
+    store: Arc<dyn RunStore>,
+    boss: Arc<ScriptedModel>,
+    helper: Arc<ScriptedModel>,
+}
+
+/// Agents `boss` (may call `run_agent` and `list_agents`) and `helper` (may call
+/// `run_agent` too), each on its own scripted model.
+async fn team(boss: Vec<Step>, helper: Vec<Step>, config: RuntimeConfig, boss_limits: Limits) -> Team {
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let (boss, helper) = (Arc::new(ScriptedModel::per_turn(boss)), Arc::new(ScriptedModel::per_turn(helper)));
+    let tools = ToolRegistry::new().with(Arc::new(EchoTool)).unwrap();
+    let names = |list: &[&str]| list.iter().map(|name| (*name).to_owned()).collect::<Vec<_>>();
+    let mut lead = AgentConfig::new("boss", "You lead.", names(&["run_agent", "list_agents", "echo"]));
+    lead.limits = boss_limits;
+    let mut aide = AgentConfig::new("helper", "You help with sub-tasks.", names(&["run_agent", "echo"]));
+    aide.model = Some("helper".to_owned());
+    let models = ModelRegistry::new(boss.clone()).with("helper", helper.clone());
+    let deps = Deps { store: store.clone(), models, tools, hooks: Vec::new(), agents: vec![lead, aide] };
+    let runtime = Runtime::start(config, deps).await.unwrap();
+    Team { runtime, store, boss, helper }
+}
+
+async fn sub_runs_of(store: &Arc<dyn RunStore>, parent: RunId) -> Vec<RunRecord> {
+    let all = store.list_runs(RunQuery { tenant: None, status: None, limit: 100 }).await.unwrap();
+    all.into_iter().filter(|run| run.parent_run_id == Some(parent)).collect()
+}
+
+fn delegate(input: &str) -> Step {
+    calls(&[("run_agent", json!({"agent": "helper", "input": input}))])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sub_run_answers_the_caller_with_its_own_reviewed_run() {
+    let team = team(
+        vec![delegate("count to three"), text("The helper counted.")],
+        vec![text("one two three")],
+        RuntimeConfig::default(),
+        Limits::default(),
+    )
+    .await;
+    let mut request = SubmitRequest::new("boss", "get a count");
+    request.tenant = "acme".to_owned();
+    let boss = team.runtime.submit(request).await.unwrap();
+    let events = collect(team.runtime.subscribe(boss, 0)).await;
+    assert_eq!(team.runtime.get(boss).await.unwrap().unwrap().status, RunStatus::Succeeded);
+    assert!(events.iter().any(|e| matches!(&e.kind, EventKind::ToolCallEnd { tool, .. } if tool == "run_agent")));
+
+    let children = sub_runs_of(&team.store, boss).await;
+    assert_eq!(children.len(), 1);
+    let child = &children[0];
+    assert_eq!((child.agent.as_str(), child.tenant.as_str()), ("helper", "acme"), "the caller's tenant");
+    assert_eq!(child.status, RunStatus::Succeeded);
+    assert_eq!(tool_messages(&team.boss.requests()[1]), vec!["one two three".to_owned()], "its answer is the result");
+    let child_events = collect(team.runtime.subscribe(child.run_id, 0)).await;
+    assert!(child_events.iter().all(|e| e.parent_run_id == Some(boss)), "sub-run events name their caller");
+    assert!(child_events.iter().any(|e| matches!(e.kind, EventKind::Review { .. })), "the sub-run is reviewed");
+    assert_eq!(team.helper.request_count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sub_runs_nest_no_deeper_than_the_limit_and_carve_the_callers_budget() {
+    let config = RuntimeConfig { max_agent_depth: 1, ..RuntimeConfig::default() };
+    let limits = Limits { max_tokens: Some(5_000), ..Limits::default() };
+    let team = team(
+        vec![delegate("go deeper"), text("Done.")],
+        vec![delegate("deeper still"), text("I could not delegate.")],
+        config,
+        limits,
+    )
+    .await;
+    let boss = team.runtime.submit(SubmitRequest::new("boss", "start")).await.unwrap();
+    collect(team.runtime.subscribe(boss, 0)).await;
+    let children = sub_runs_of(&team.store, boss).await;
+    assert_eq!(children.len(), 1, "exactly one level of sub-runs");
+    let child = &children[0];
+    let budget = child.limits.max_tokens.unwrap();
+    assert!(budget > 0 && budget <= 5_000, "carved from the caller's 5000: {budget}");
+    let told = tool_messages(&team.helper.requests()[1]);
+    assert!(told[0].contains("depth_limit"), "{told:?}");
+    assert!(sub_runs_of(&team.store, child.run_id).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_the_caller_cancels_its_sub_run() {
+    let team =
+        team(vec![delegate("think forever")], vec![Step::Hang], RuntimeConfig::default(), Limits::default()).await;
+    let boss = team.runtime.submit(SubmitRequest::new("boss", "start")).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let child = loop {
+        if let Some(child) = sub_runs_of(&team.store, boss).await.pop() {
+            break child.run_id;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the sub-run never started");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    team.runtime.cancel(boss).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = team.runtime.get(child).await.unwrap().unwrap().status;
+        if status == RunStatus::Cancelled {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the sub-run is still {status:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_agents_names_the_configured_agents() {
+    let team = team(
+        vec![calls(&[("list_agents", json!({}))]), text("Two agents.")],
+        vec![],
+        RuntimeConfig::default(),
+        Limits::default(),
+    )
+    .await;
+    let boss = team.runtime.submit(SubmitRequest::new("boss", "who is there?")).await.unwrap();
+    collect(team.runtime.subscribe(boss, 0)).await;
+    let listed: serde_json::Value = serde_json::from_str(&tool_messages(&team.boss.requests()[1])[0]).unwrap();
+    let names: Vec<&str> = listed.as_array().unwrap().iter().map(|agent| agent["name"].as_str().unwrap()).collect();
+    assert_eq!(names, vec!["boss", "helper"]);
+    assert_eq!(listed[1]["about"], "You help with sub-tasks.");
+}
