@@ -291,11 +291,7 @@ macro_rules! write_rows {
 /// One transaction: read the group's runs (locking them on PostgreSQL), check and
 /// merge the jobs in memory, write the rows, commit. `Err` means nothing of the
 /// group was written; `Ok` carries each job's outcome.
-async fn write_group(
-    pool: &Pool,
-    jobs: &[Job],
-    known: &mut Known,
-) -> Result<Vec<Result<(), StoreError>>, StoreError> {
+async fn write_group(pool: &Pool, jobs: &[Job], known: &mut Known) -> Result<Vec<Result<(), StoreError>>, StoreError> {
     let mut runs = HashMap::with_capacity(jobs.len());
     let mut ids: Vec<&Text> = Vec::new();
     for id in jobs.iter().map(Job::id) {
