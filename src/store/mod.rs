@@ -8,7 +8,8 @@
 //! (group commit) and answers each caller after it committed; `group.rs` checks
 //! and merges a group in memory. Reads use the pool. On SQLite a write transaction
 //! begins `IMMEDIATE` (no upgrade deadlocks); on PostgreSQL it locks the rows of
-//! the runs it changes.
+//! the runs it reads. The writer keeps the committed row of every unfinished run,
+//! so a group reads only the runs it does not know yet.
 
 use std::str::FromStr;
 use std::sync::Arc;
