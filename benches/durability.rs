@@ -3,7 +3,7 @@
 //!
 //! `cargo bench --bench durability [-- RUNS]`; PostgreSQL from `TROUPE_BENCH_PG_URL`
 //! (default `postgres://postgres@127.0.0.1:5432/postgres`; each run creates its
-//! own database), skipped if unreachable.
+//! own database and drops it at the end), skipped if unreachable.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -24,11 +24,12 @@ fn main() {
     let tokio = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     let dir = std::env::temp_dir().join(format!("troupe-bench-{}", RunId::new()));
     let sqlite_url = format!("sqlite://{}", dir.join("bench.db").display());
+    let postgres = tokio.block_on(postgres());
     let stores: Vec<(&str, Option<Arc<dyn RunStore>>)> = tokio.block_on(async {
         vec![
             ("memory", Some(Arc::new(MemoryStore::new()) as Arc<dyn RunStore>)),
             ("sqlite", Some(Arc::new(SqlStore::connect(&sqlite_url).await.unwrap()) as Arc<dyn RunStore>)),
-            ("postgres", postgres().await.map(|store| Arc::new(store) as Arc<dyn RunStore>)),
+            ("postgres", postgres.as_ref().map(|bench| Arc::new(bench.store.clone()) as Arc<dyn RunStore>)),
         ]
     });
     println!("durability bench: {runs} runs x 3 turns each, unobserved");
@@ -42,14 +43,48 @@ fn main() {
         println!("{name:>8}: {turns_per_second:>8.0} turns/s, {cpu_per_turn:>6.1} µs CPU per turn");
     }
     let _ = std::fs::remove_dir_all(dir);
+    if let Some(bench) = postgres {
+        tokio.block_on(bench.drop_database());
+    }
 }
 
-async fn postgres() -> Option<SqlStore> {
+/// The bench's own PostgreSQL database, and the admin connection that made it.
+struct PgBench {
+    store: SqlStore,
+    admin: sqlx::PgPool,
+    name: String,
+}
+
+impl PgBench {
+    async fn drop_database(self) {
+        drop(self.store);
+        drop_database(&self.admin, &self.name).await;
+    }
+}
+
+/// Drops a bench database (`FORCE`: the store's writer may still hold connections).
+async fn drop_database(admin: &sqlx::PgPool, name: &str) {
+    // The name is ours (a fixed prefix and a UUID's hex digits); identifiers
+    // cannot be bound.
+    let sql = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
+    if let Err(error) = sqlx::query(sqlx::AssertSqlSafe(sql)).execute(admin).await {
+        eprintln!("could not drop the bench database {name}: {error}");
+    }
+}
+
+async fn postgres() -> Option<PgBench> {
     let admin =
         std::env::var("TROUPE_BENCH_PG_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
     let pool = sqlx::PgPool::connect(&admin).await.ok()?;
     let name = format!("troupe_bench_{}", RunId::new().to_string().replace('-', ""));
     sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&pool).await.ok()?;
     let (base, _) = admin.rsplit_once('/')?;
-    SqlStore::connect(&format!("{base}/{name}")).await.ok()
+    match SqlStore::connect(&format!("{base}/{name}")).await {
+        Ok(store) => Some(PgBench { store, admin: pool, name }),
+        Err(error) => {
+            eprintln!("postgres: {error}");
+            drop_database(&pool, &name).await;
+            None
+        }
+    }
 }

@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, oneshot};
 use troupe_actors::store::StoreError;
 
 use crate::store::group::{Fixed, GroupWrite, Job, RunState, Slot, Text, plan};
-use crate::store::{Columns, Pool, backend, stamp};
+use crate::store::{Columns, Pool, TERMINAL, backend, stamp};
 
 /// At most this many jobs share a transaction.
 const MAX_GROUP: usize = 1024;
@@ -70,12 +70,24 @@ impl Writer {
     }
 }
 
+/// At most this many runs are kept in the writer's [`Known`] cache.
+const MAX_KNOWN: usize = 1 << 16;
+
+/// The rows of unfinished runs as the writer last committed them, by id: a group
+/// reads from the database only the runs it does not know yet. This holds because
+/// the writer is the only one that changes a run row while the store is open (the
+/// process owns the store, and retention deletes only ended runs, which are not
+/// kept). It is updated only after a transaction committed, and emptied when one
+/// fails, so it never holds a state the database does not.
+type Known = HashMap<Text, RunState>;
+
 async fn run(pool: Pool, mut inbox: mpsc::Receiver<Request>) {
     let mut requests = Vec::with_capacity(MAX_GROUP);
+    let mut known = Known::new();
     while inbox.recv_many(&mut requests, MAX_GROUP).await > 0 {
         let (jobs, replies): (Vec<Job>, Vec<_>) =
             requests.drain(..).map(|request| (request.job, request.reply)).unzip();
-        let outcomes = write_jobs(&pool, &jobs).await;
+        let outcomes = write_jobs(&pool, &jobs, &mut known).await;
         for (reply, outcome) in replies.into_iter().zip(outcomes) {
             let _ = reply.send(outcome);
         }
@@ -83,16 +95,20 @@ async fn run(pool: Pool, mut inbox: mpsc::Receiver<Request>) {
 }
 
 /// Writes `jobs` as one group; if the group fails, writes each alone.
-async fn write_jobs(pool: &Pool, jobs: &[Job]) -> Vec<Result<(), StoreError>> {
-    let error = match write_group(pool, jobs).await {
+async fn write_jobs(pool: &Pool, jobs: &[Job], known: &mut Known) -> Vec<Result<(), StoreError>> {
+    let error = match write_group(pool, jobs, known).await {
         Ok(outcomes) => return outcomes,
-        Err(error) if jobs.len() == 1 => return vec![Err(error)],
         Err(error) => error,
     };
+    // Whether a failed commit left anything behind is for the database to say.
+    known.clear();
+    if jobs.len() == 1 {
+        return vec![Err(error)];
+    }
     tracing::warn!(%error, jobs = jobs.len(), "a group commit failed; writing its commits one by one");
     let mut outcomes = Vec::with_capacity(jobs.len());
     for job in jobs {
-        let outcome = write_group(pool, std::slice::from_ref(job)).await;
+        let outcome = write_group(pool, std::slice::from_ref(job), known).await;
         outcomes.push(outcome.and_then(|mut single| single.pop().unwrap_or(Ok(()))));
     }
     outcomes
@@ -275,8 +291,17 @@ macro_rules! write_rows {
 /// One transaction: read the group's runs (locking them on PostgreSQL), check and
 /// merge the jobs in memory, write the rows, commit. `Err` means nothing of the
 /// group was written; `Ok` carries each job's outcome.
-async fn write_group(pool: &Pool, jobs: &[Job]) -> Result<Vec<Result<(), StoreError>>, StoreError> {
-    let mut ids: Vec<&Text> = jobs.iter().map(Job::id).collect();
+async fn write_group(pool: &Pool, jobs: &[Job], known: &mut Known) -> Result<Vec<Result<(), StoreError>>, StoreError> {
+    let mut runs = HashMap::with_capacity(jobs.len());
+    let mut ids: Vec<&Text> = Vec::new();
+    for id in jobs.iter().map(Job::id) {
+        match known.get(id) {
+            Some(state) => {
+                runs.entry(id.clone()).or_insert_with(|| Slot { state: state.clone(), created: None, touched: false });
+            }
+            None => ids.push(id),
+        }
+    }
     ids.sort_unstable();
     ids.dedup();
     let now: Text = stamp(Utc::now()).into();
@@ -285,7 +310,6 @@ async fn write_group(pool: &Pool, jobs: &[Job]) -> Result<Vec<Result<(), StoreEr
             let mut tx = if $postgres { $pool.begin().await } else { $pool.begin_with("BEGIN IMMEDIATE").await }
                 .map_err(backend)?;
             let limit = if $postgres { PG_STATEMENT_BYTES } else { usize::MAX };
-            let mut runs = HashMap::with_capacity(ids.len());
             let mut rest = &ids[..];
             while !rest.is_empty() {
                 let (chunk, tail) = rest.split_at(chunk_len(rest, |id| id.len(), limit));
@@ -305,14 +329,31 @@ async fn write_group(pool: &Pool, jobs: &[Job]) -> Result<Vec<Result<(), StoreEr
                 }
             }
             let (rows, outcomes) = plan(jobs, runs, &now);
-            write_rows!(tx, limit, rows);
+            write_rows!(tx, limit, &rows);
             tx.commit().await.map_err(backend)?;
+            remember(known, rows);
             Ok(outcomes)
         }};
     }
     match pool {
         Pool::Sqlite(pool) => group!(pool, false),
         Pool::Postgres(pool) => group!(pool, true),
+    }
+}
+
+/// Keeps the committed state of every run a group wrote, and forgets the runs
+/// that ended (no commit can change them again).
+fn remember(known: &mut Known, rows: GroupWrite) {
+    if known.len() > MAX_KNOWN {
+        known.clear();
+    }
+    let created = rows.created.into_iter().map(|(id, _, state)| (id, state));
+    for (id, state) in created.chain(rows.updated) {
+        if TERMINAL.contains(&&*state.status) {
+            known.remove(&id);
+        } else {
+            known.insert(id, state);
+        }
     }
 }
 
