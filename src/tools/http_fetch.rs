@@ -156,6 +156,12 @@ impl HttpFetch {
     /// Sends `request` and reads the response within the byte limit.
     async fn fetch(&self, client: &reqwest::Client, request: reqwest::Request) -> Result<Value, ToolError> {
         let mut response = client.execute(request).await.map_err(|error| transport_error(&error))?;
+        let location = unfollowed_location(&response);
+        if let Some(location) = &location {
+            // The client leaves a redirect it cannot follow (to `file:`, say) to
+            // us; it is refused as a hop would be.
+            self.policy.check_url(location).map_err(|refusal| refusal_error(&refusal))?;
+        }
         let limit = self.config.max_response_bytes;
         let mut body = Vec::new();
         let mut truncated = false;
@@ -181,6 +187,9 @@ impl HttpFetch {
             "bytes": body.len(),
             "truncated": truncated,
         });
+        if let Some(location) = location {
+            result["location"] = json!(location.as_str());
+        }
         match body_text(&body, &content_type, truncated) {
             Some(text) => result["body"] = json!(text),
             None => {
@@ -248,6 +257,15 @@ impl Tool for HttpFetch {
         let fragments = fragment(&value).into_iter().collect();
         Ok(ToolOutput { value, fragments, cost_usd: 0.0 })
     }
+}
+
+/// Where a redirect the client did not follow points, resolved against its URL.
+fn unfollowed_location(response: &reqwest::Response) -> Option<Url> {
+    if !response.status().is_redirection() {
+        return None;
+    }
+    let location = response.headers().get(reqwest::header::LOCATION)?.to_str().ok()?;
+    response.url().join(location).ok()
 }
 
 /// The request headers of the arguments, restricted to [`ALLOWED_HEADERS`].

@@ -1,8 +1,8 @@
 //! Where `http_fetch` may connect (SSRF protection). A [`DestinationPolicy`] denies
 //! private, loopback, link-local, shared (CGNAT), documentation, reserved, multicast
-//! and cloud-metadata addresses, and a few names that only ever mean the machine or
-//! its cloud (`localhost`, `metadata.google.internal`…), unless the operator's
-//! allow-list names the host or the network.
+//! and cloud-metadata addresses, and the names of cloud metadata services
+//! (`metadata.google.internal`…), unless the operator's allow-list names the host
+//! or the network. `localhost` is denied on the addresses it resolves to.
 //!
 //! It is enforced on the addresses actually connected to, at three points that
 //! together cover every connection the HTTP client makes:
@@ -136,9 +136,9 @@ const DENIED: &[(Network, &str)] = &[
 /// IPv4 address is special-purpose or unassigned, so it is denied.
 const IPV6_GLOBAL: Network = Network::v6([0x2000, 0, 0, 0, 0, 0, 0, 0], 3);
 
-/// Names denied by default whatever they resolve to: the machine itself and the
-/// metadata services of the clouds.
-const DENIED_NAMES: &[&str] = &["localhost", "metadata", "metadata.google.internal", "metadata.goog", "instance-data"];
+/// Names denied by default whatever they resolve to: the metadata services of the
+/// clouds (their addresses are denied too; the names make the refusal clear).
+const DENIED_NAMES: &[&str] = &["metadata", "metadata.google.internal", "metadata.goog", "instance-data"];
 
 /// Why `ip` is denied by default, or `None` for a public address.
 pub fn default_denial(ip: IpAddr) -> Option<&'static str> {
@@ -183,7 +183,7 @@ pub enum Refusal {
     #[error("the URL has no host")]
     NoHost,
     /// The host name is denied whatever it resolves to.
-    #[error("{host} is denied: it names the local machine or a cloud metadata service")]
+    #[error("{host} is denied: it names a cloud metadata service")]
     Name {
         /// The host.
         host: String,
@@ -243,8 +243,7 @@ impl DestinationPolicy {
     /// Checks a host name before it is resolved.
     pub fn check_name(&self, host: &str) -> Result<(), Refusal> {
         let name = normalize_host(host);
-        let denied = DENIED_NAMES.contains(&name.as_str()) || name.ends_with(".localhost");
-        if denied && !self.host_allowed(host) {
+        if DENIED_NAMES.contains(&name.as_str()) && !self.host_allowed(host) {
             return Err(Refusal::Name { host: host.to_owned() });
         }
         Ok(())
@@ -447,9 +446,7 @@ mod tests {
         ] {
             assert!(matches!(policy.check_url(&url(denied)), Err(Refusal::Address { .. })), "{denied}");
         }
-        for name in
-            ["http://localhost/", "http://LOCALHOST./", "http://api.localhost/", "http://metadata.google.internal/"]
-        {
+        for name in ["http://metadata.google.internal/", "http://METADATA.google.internal./", "http://metadata/"] {
             assert!(matches!(policy.check_url(&url(name)), Err(Refusal::Name { .. })), "{name}");
         }
     }
@@ -499,8 +496,8 @@ mod tests {
         assert_eq!(error, "innocent.example is denied: 127.0.0.1 is a loopback address");
         let error = resolve(DestinationPolicy::default(), &["93.184.215.14", "10.0.0.1"], "mixed.example").await;
         assert!(error.unwrap_err().contains("10.0.0.1"));
-        let error = resolve(DestinationPolicy::default(), &["93.184.215.14"], "localhost").await;
-        assert!(error.unwrap_err().contains("local machine"));
+        let error = resolve(DestinationPolicy::default(), &["93.184.215.14"], "metadata.google.internal").await;
+        assert!(error.unwrap_err().contains("cloud metadata service"));
         let addresses = resolve(DestinationPolicy::default(), &["93.184.215.14"], "example.com").await.unwrap();
         assert_eq!(addresses, vec!["93.184.215.14:0".parse().unwrap()]);
         let allowed = DestinationPolicy::new(&["innocent.example".to_owned()], &[]);
