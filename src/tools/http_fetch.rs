@@ -190,15 +190,19 @@ impl HttpFetch {
         if let Some(location) = location {
             result["location"] = json!(location.as_str());
         }
+        let mut notes = Vec::new();
         match body_text(&body, &content_type, truncated) {
             Some(text) => result["body"] = json!(text),
             None => {
                 result["body"] = Value::Null;
-                result["note"] = json!(format!("binary content ({content_type}) is not shown"));
+                notes.push(format!("binary content ({content_type}) is not shown"));
             }
         }
         if truncated {
-            result["note"] = json!(format!("the body was cut at {limit} bytes; the rest was not read"));
+            notes.push(format!("the body was cut at {limit} bytes; the rest was not read"));
+        }
+        if !notes.is_empty() {
+            result["note"] = json!(notes.join("; "));
         }
         Ok(result)
     }
