@@ -1,6 +1,7 @@
 //! Built-in tools of the `troupe` binary.
 
 pub mod guide;
+mod http_fetch;
 mod journal;
 mod text_stats;
 
@@ -10,6 +11,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use troupe_actors::tool::{RegistryError, ToolRegistry};
 
+pub use http_fetch::{HttpFetch, HttpFetchConfig};
 pub use journal::Journal;
 pub use text_stats::TextStats;
 
@@ -22,15 +24,20 @@ pub struct ToolsConfig {
     /// A tool guide of your own (the format of `config/tools.md`, which is built
     /// in), replacing the built-in one.
     pub guide_path: Option<PathBuf>,
+    /// The `http_fetch` tool: limits and the allow-list over its SSRF denials.
+    pub http_fetch: HttpFetchConfig,
 }
 
 impl Default for ToolsConfig {
     fn default() -> Self {
-        Self { journal_path: PathBuf::from("journal.log"), guide_path: None }
+        Self { journal_path: PathBuf::from("journal.log"), guide_path: None, http_fetch: HttpFetchConfig::default() }
     }
 }
 
 /// The registry of built-in tools.
 pub fn builtin_registry(config: &ToolsConfig) -> Result<ToolRegistry, RegistryError> {
-    ToolRegistry::new().with(Arc::new(TextStats))?.with(Arc::new(Journal { path: config.journal_path.clone() }))
+    ToolRegistry::new()
+        .with(Arc::new(TextStats))?
+        .with(Arc::new(Journal { path: config.journal_path.clone() }))?
+        .with(Arc::new(HttpFetch::new(config.http_fetch.clone())))
 }

@@ -5,6 +5,7 @@
 mod crash;
 mod daemon;
 mod demo;
+mod http_fetch;
 mod model;
 mod server;
 mod store;
