@@ -14,6 +14,15 @@ use troupe_actors::tool::{Tool, ToolContext, ToolError, ToolOutput};
 /// Longest entry accepted, in bytes.
 const MAX_ENTRY: usize = 4096;
 
+/// Its arguments.
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct Args {
+    /// The entry, on one line.
+    #[schemars(length(max = MAX_ENTRY))]
+    text: String,
+}
+
 /// The tool, writing to `path`.
 pub struct Journal {
     /// The journal file (created with its folder on first write).
@@ -31,12 +40,7 @@ impl Tool for Journal {
     }
 
     fn parameters(&self) -> Value {
-        json!({
-            "type": "object",
-            "properties": {"text": {"type": "string", "maxLength": MAX_ENTRY, "description": "The entry"}},
-            "required": ["text"],
-            "additionalProperties": false
-        })
+        super::schema_of::<Args>()
     }
 
     fn describe_start(&self, _args: &Value) -> String {
@@ -44,7 +48,8 @@ impl Tool for Journal {
     }
 
     async fn call(&self, context: ToolContext, args: Value) -> Result<ToolOutput, ToolError> {
-        let text = args.get("text").and_then(Value::as_str).unwrap_or_default().replace(['\n', '\r', '\t'], " ");
+        let Args { text } = super::parse_args(args)?;
+        let text = text.replace(['\n', '\r', '\t'], " ");
         let line = format!("{}\t{}\t{text}\n", chrono::Utc::now().to_rfc3339(), context.idempotency_key);
         let path = self.path.clone();
         let written = tokio::task::spawn_blocking(move || -> std::io::Result<()> {

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use serde::Deserialize;
-use troupe_actors::tool::{RegistryError, ToolRegistry};
+use troupe_actors::tool::{RegistryError, ToolError, ToolRegistry};
 
 pub use http_fetch::{HttpFetch, HttpFetchConfig};
 pub use journal::Journal;
@@ -34,10 +34,52 @@ impl Default for ToolsConfig {
     }
 }
 
+/// The JSON Schema of a tool's arguments, derived from their type (serde and
+/// schemars read the same attributes, so the schema cannot drift from the
+/// parsing): an object schema without the `$schema` and `title` keys, which
+/// model APIs do not want.
+pub fn schema_of<T: schemars::JsonSchema>() -> serde_json::Value {
+    let mut schema = serde_json::to_value(schemars::schema_for!(T)).unwrap_or_default();
+    if let Some(object) = schema.as_object_mut() {
+        object.remove("$schema");
+        object.remove("title");
+    }
+    schema
+}
+
+/// Arguments of type `T` from a call's JSON, or the reason they do not fit.
+pub fn parse_args<T: serde::de::DeserializeOwned>(args: serde_json::Value) -> Result<T, ToolError> {
+    serde_json::from_value(args).map_err(|error| ToolError::InvalidArgs(error.to_string()))
+}
+
 /// The registry of built-in tools.
 pub fn builtin_registry(config: &ToolsConfig) -> Result<ToolRegistry, RegistryError> {
     ToolRegistry::new()
         .with(Arc::new(TextStats))?
         .with(Arc::new(Journal { path: config.journal_path.clone() }))?
         .with(Arc::new(HttpFetch::new(config.http_fetch.clone())))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use troupe_actors::tool::Tool;
+
+    use super::*;
+
+    #[test]
+    fn argument_schemas_are_derived_from_the_argument_types() {
+        let schema = TextStats.parameters();
+        assert_eq!(schema["type"], "object");
+        assert_eq!(schema["additionalProperties"], false, "unknown arguments are refused");
+        assert_eq!(schema["required"], json!(["text"]));
+        assert_eq!(
+            (schema["properties"]["top"]["minimum"].as_u64(), schema["properties"]["top"]["maximum"].as_u64()),
+            (Some(1), Some(20))
+        );
+        assert_eq!(schema["properties"]["text"]["description"], "The text to measure.");
+        assert!(schema.get("$schema").is_none() && schema.get("title").is_none());
+        let journal = Journal { path: "unused".into() }.parameters();
+        assert_eq!(journal["properties"]["text"]["maxLength"], 4096);
+    }
 }

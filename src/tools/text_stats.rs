@@ -10,6 +10,17 @@ use troupe_actors::tool::{Tool, ToolContext, ToolError, ToolOutput};
 /// The tool.
 pub struct TextStats;
 
+/// Its arguments.
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct Args {
+    /// The text to measure.
+    text: String,
+    /// How many frequent words to list (default 3).
+    #[schemars(range(min = 1, max = 20))]
+    top: Option<u8>,
+}
+
 /// Longest text accepted, in bytes.
 const MAX_TEXT: usize = 1 << 20;
 
@@ -24,15 +35,7 @@ impl Tool for TextStats {
     }
 
     fn parameters(&self) -> Value {
-        json!({
-            "type": "object",
-            "properties": {
-                "text": {"type": "string", "description": "The text to measure"},
-                "top": {"type": "integer", "minimum": 1, "maximum": 20, "description": "How many frequent words to list (default 3)"}
-            },
-            "required": ["text"],
-            "additionalProperties": false
-        })
+        super::schema_of::<Args>()
     }
 
     fn idempotent(&self) -> bool {
@@ -45,12 +48,11 @@ impl Tool for TextStats {
     }
 
     async fn call(&self, _context: ToolContext, args: Value) -> Result<ToolOutput, ToolError> {
-        let text = args.get("text").and_then(Value::as_str).unwrap_or_default();
+        let Args { text, top } = super::parse_args(args)?;
         if text.len() > MAX_TEXT {
             return Err(ToolError::InvalidArgs(format!("text is {} bytes; the limit is {MAX_TEXT}", text.len())));
         }
-        let top = args.get("top").and_then(Value::as_u64).unwrap_or(3) as usize;
-        Ok(ToolOutput::value(measure(text, top)))
+        Ok(ToolOutput::value(measure(&text, top.map_or(3, usize::from))))
     }
 }
 
