@@ -5,6 +5,7 @@
 mod crash;
 mod daemon;
 mod demo;
+mod mcp;
 mod model;
 mod server;
 mod store;
