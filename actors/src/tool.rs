@@ -270,7 +270,8 @@ mod tests {
             let error = ToolRegistry::new().with(Arc::new(SchemaTool(schema))).err().unwrap();
             assert!(matches!(error, RegistryError::BadSchema { .. }), "{reference}: {error}");
         }
-        let local = json!({"type": "object", "$defs": {"n": {"type": "number"}}, "properties": {"a": {"$ref": "#/$defs/n"}}});
+        let local =
+            json!({"type": "object", "$defs": {"n": {"type": "number"}}, "properties": {"a": {"$ref": "#/$defs/n"}}});
         let registry = ToolRegistry::new().with(Arc::new(SchemaTool(local))).unwrap();
         let validator = &registry.get("schema_tool").unwrap().validator;
         assert!(validator.is_valid(&json!({"a": 1})) && !validator.is_valid(&json!({"a": "x"})));

@@ -161,7 +161,10 @@ impl McpConfig {
     ) -> Result<ServerSpec, McpConfigError> {
         let name = &server.name;
         if !valid_server_name(name) {
-            return Err(invalid(name, "a name is letters, digits, '-' and single '_' (tools are offered as NAME__TOOL)"));
+            return Err(invalid(
+                name,
+                "a name is letters, digits, '-' and single '_' (tools are offered as NAME__TOOL)",
+            ));
         }
         let transport = match server.transport {
             TransportKind::Stdio => {
@@ -231,4 +234,58 @@ fn seconds(server: &str, key: &str, value: f64) -> Result<Duration, McpConfigErr
 
 fn invalid(server: &str, message: &str) -> McpConfigError {
     McpConfigError { server: server.to_owned(), message: message.to_owned() }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::config::Config;
+
+    fn servers(text: &str) -> Result<Vec<ServerSpec>, String> {
+        let config = Config::parse(Some(("test.toml", text))).map_err(|error| error.to_string())?;
+        config.mcp.servers(|name| (name == "PATH").then(|| "/bin".to_owned())).map_err(|error| error.to_string())
+    }
+
+    #[test]
+    fn a_stdio_server_gets_only_the_inherited_variables_and_its_own() {
+        let specs = servers(
+            "[mcp]\ncall_timeout = 5.0\n[[mcp.servers]]\nname = \"time\"\ntransport = \"stdio\"\ncommand = \"uvx\"\nargs = [\"mcp-server-time\"]\nenv = { TZ = \"UTC\" }\ncall_timeout = 2.0\n",
+        )
+        .unwrap();
+        let Transport::Stdio { command, args, env } = &specs[0].transport else { panic!("stdio") };
+        assert_eq!((command.as_str(), args.as_slice()), ("uvx", ["mcp-server-time".to_owned()].as_slice()));
+        assert_eq!(
+            env.iter().collect::<Vec<_>>(),
+            [(&"PATH".to_owned(), &"/bin".to_owned()), (&"TZ".to_owned(), &"UTC".to_owned())]
+        );
+        assert_eq!(specs[0].call_timeout, Duration::from_secs(2), "the server's own value wins");
+        assert_eq!(specs[0].backoff_max, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn mistakes_are_named() {
+        let cases = [
+            ("name = \"a.b\"\ntransport = \"stdio\"\ncommand = \"x\"", "letters, digits"),
+            ("name = \"a__b\"\ntransport = \"stdio\"\ncommand = \"x\"", "single '_'"),
+            ("name = \"a\"\ntransport = \"stdio\"", "needs a command"),
+            ("name = \"a\"\ntransport = \"http\"", "needs a url"),
+            ("name = \"a\"\ntransport = \"http\"\nurl = \"ftp://x\"", "not an http(s) URL"),
+            ("name = \"a\"\ntransport = \"http\"\nurl = \"http://x/mcp\"\ncommand = \"x\"", "for stdio servers"),
+            (
+                "name = \"a\"\ntransport = \"http\"\nurl = \"http://x/mcp\"\nheaders = { \"a b\" = \"1\" }",
+                "not a header name",
+            ),
+            ("name = \"a\"\ntransport = \"stdio\"\ncommand = \"x\"\nconnect_timeout = 0.0", "connect_timeout must be"),
+            ("name = \"a\"\ntransport = \"pipe\"\ncommand = \"x\"", "unknown variant"),
+            ("name = \"a\"\ntransport = \"stdio\"\ncommand = \"x\"\nshell = true", "unknown field"),
+        ];
+        for (server, expected) in cases {
+            let error = servers(&format!("[[mcp.servers]]\n{server}\n")).unwrap_err();
+            assert!(error.contains(expected), "{server}: {error}");
+        }
+        let twice = "[[mcp.servers]]\nname = \"a\"\ntransport = \"stdio\"\ncommand = \"x\"\n";
+        assert!(servers(&format!("{twice}{twice}")).unwrap_err().contains("configured twice"));
+    }
 }

@@ -160,9 +160,14 @@ impl McpTool {
             ServiceError::Timeout { timeout } => {
                 self.failed("timeout", format!("the MCP server {server} did not answer within {timeout:?}"))
             }
-            error @ (ServiceError::TransportSend(_) | ServiceError::TransportClosed | ServiceError::Cancelled { .. }) => {
+            error @ (ServiceError::TransportSend(_)
+            | ServiceError::TransportClosed
+            | ServiceError::Cancelled { .. }) => {
                 connection.lost.cancel();
-                self.failed("mcp_unavailable", format!("the connection to the MCP server {server} failed ({error}); reconnecting"))
+                self.failed(
+                    "mcp_unavailable",
+                    format!("the connection to the MCP server {server} failed ({error}); reconnecting"),
+                )
             }
             error => self.failed("mcp_error", format!("{server}: {error}")),
         }

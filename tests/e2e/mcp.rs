@@ -1,8 +1,9 @@
 //! The MCP client against a real third-party server: the reference
 //! `@modelcontextprotocol/server-everything` (npm), over stdio and streamable
-//! HTTP. `.ci/run` installs it and sets `TROUPE_TEST_MCP_EVERYTHING` to its
-//! `dist/index.js`; the default is where `.ci/run` puts it. Under CI (or with the
-//! variable set) a missing server fails the tests; elsewhere they say they skipped.
+//! HTTP. `.ci/run` installs it (pinned by `.ci/mcp/package-lock.json`) and sets
+//! `TROUPE_TEST_MCP_EVERYTHING` to its `dist/index.js`; without the variable the
+//! tests look where `.ci/run` installed it last. Under CI (or with the variable
+//! set) a missing server fails the tests; elsewhere they say they skipped.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -27,14 +28,18 @@ fn everything() -> Option<PathBuf> {
     let configured = std::env::var("TROUPE_TEST_MCP_EVERYTHING").ok();
     let path = configured.clone().map(PathBuf::from).unwrap_or_else(|| {
         let home = std::env::var("HOME").unwrap_or_else(|_| "/root".to_owned());
-        Path::new(&home)
-            .join(".cache/troupe-ci/mcp-servers/npm/node_modules/@modelcontextprotocol/server-everything/dist/index.js")
+        Path::new(&home).join(
+            ".cache/troupe-ci/mcp-servers/current/node_modules/@modelcontextprotocol/server-everything/dist/index.js",
+        )
     });
     if path.is_file() {
         return Some(path);
     }
     if configured.is_some() || std::env::var("CI").is_ok() {
-        panic!("the MCP reference server is required here and {} is missing (run .ci/run's install step)", path.display());
+        panic!(
+            "the MCP reference server is required here and {} is missing (run .ci/run's install step)",
+            path.display()
+        );
     }
     eprintln!("SKIPPED: no MCP reference server at {} (see .ci/run)", path.display());
     None
@@ -139,7 +144,10 @@ async fn a_stdio_server_lists_its_tools_and_a_run_calls_one_with_checked_argumen
     assert_eq!(status, RunStatus::Succeeded);
     let ends = ends(&events);
     assert_eq!(ends.len(), 2);
-    assert!(ends.iter().any(|(_, status, summary)| *status == CallStatus::Completed && summary.contains("42")), "{ends:?}");
+    assert!(
+        ends.iter().any(|(_, status, summary)| *status == CallStatus::Completed && summary.contains("42")),
+        "{ends:?}"
+    );
     assert!(
         ends.iter().any(|(_, status, summary)| *status == CallStatus::Failed
             && summary.starts_with("error (invalid_args)")
@@ -340,7 +348,8 @@ fn the_daemon_starts_without_an_unreachable_server_and_stops_its_stdio_servers()
         .spawn()
         .unwrap();
     let stdout = daemon.stdout.take().unwrap();
-    let listening = BufReader::new(stdout).lines().any(|line| line.is_ok_and(|line| line.starts_with("troupe listening")));
+    let listening =
+        BufReader::new(stdout).lines().any(|line| line.is_ok_and(|line| line.starts_with("troupe listening")));
     assert!(listening, "the daemon did not start; its log:\n{}", std::fs::read_to_string(&log).unwrap());
     let server = std::fs::read_to_string(&pid_file).unwrap().trim().parse::<u32>().unwrap();
     assert!(alive(server));
