@@ -10,6 +10,7 @@ use serde::Deserialize;
 use troupe_actors::config::{AgentConfig, RuntimeConfig};
 
 use crate::llm::{ModelConfig, ProviderConfig};
+use crate::mcp::McpConfig;
 use crate::server::{AuthConfig, ServerConfig};
 use crate::tools::ToolsConfig;
 
@@ -42,6 +43,8 @@ pub struct Config {
     pub store: StoreConfig,
     /// The built-in tools.
     pub tools: ToolsConfig,
+    /// MCP servers whose tools agents may use.
+    pub mcp: McpConfig,
 }
 
 impl Default for Config {
@@ -56,6 +59,7 @@ impl Default for Config {
             default_model: None,
             store: StoreConfig::default(),
             tools: ToolsConfig::default(),
+            mcp: McpConfig::default(),
         }
     }
 }

@@ -7,6 +7,7 @@ pub mod config;
 pub mod daemon;
 pub mod demo;
 pub mod llm;
+pub mod mcp;
 pub mod server;
 pub mod store;
 pub mod testing;

@@ -20,6 +20,7 @@ use troupe::config::{Config, DEFAULT_AGENT_TOML, parse_agent};
 use troupe::daemon::Daemon;
 use troupe::demo;
 use troupe::llm::{EnvModel, build_models};
+use troupe::mcp::McpHub;
 use troupe::server::Auth;
 use troupe::server::api_types::RunView;
 use troupe::store::SqlStore;
@@ -339,7 +340,7 @@ fn local(
         local.is_dir().then_some(local)
     });
     let agents = load_agents(agents_dir.as_deref())?;
-    let tools = troupe::tools::builtin_registry(&config.tools)?;
+    let mut tools = troupe::tools::builtin_registry(&config.tools)?;
     let guide = match &config.tools.guide_path {
         Some(path) => {
             std::fs::read_to_string(path).with_context(|| format!("cannot read the tool guide {}", path.display()))?
@@ -368,7 +369,13 @@ fn local(
     let store = runtime
         .block_on(SqlStore::connect(&store_url))
         .with_context(|| format!("cannot open the store at {}", redact_url(&store_url)))?;
-    match command {
+    // MCP servers start once this process owns the store (a refused start spawns none).
+    let mcp = match &command {
+        Command::Gc { .. } => McpHub::empty(),
+        _ => runtime.block_on(McpHub::start(&config.mcp, |name| std::env::var(name).ok()))?,
+    };
+    mcp.register(&mut tools, &agents)?;
+    let outcome = match command {
         Command::Serve { .. } => {
             let auth = auth.context("serve has its auth")?;
             let deps = Deps { store: Arc::new(store), models, tools, hooks: Vec::new(), agents };
@@ -411,7 +418,9 @@ fn local(
             Ok(ExitCode::SUCCESS)
         }
         _ => anyhow::bail!("not a local command"),
-    }
+    };
+    runtime.block_on(mcp.shutdown());
+    outcome
 }
 
 /// `troupe serve` until SIGTERM or Ctrl-C; a second signal exits at once.

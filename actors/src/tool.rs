@@ -124,6 +124,13 @@ pub trait Tool: Send + Sync + 'static {
         }
     }
 
+    /// The definition to offer the model now, for a tool whose schema is only known
+    /// while the runtime runs (an MCP server's tool, which may change or appear after
+    /// startup). `None`, the default: the definition built at registration.
+    fn current_definition(&self) -> Option<Arc<ToolDefinition>> {
+        None
+    }
+
     /// Runs the call. Failures are values; a panic is caught by the pool.
     async fn call(&self, context: ToolContext, args: Value) -> Result<ToolOutput, ToolError>;
 }
@@ -181,14 +188,18 @@ impl ToolRegistry {
         Self::default()
     }
 
-    /// Registers `tool`, compiling its schema. Remote `$ref`s are never fetched.
+    /// Registers `tool`, compiling its schema. Remote `$ref`s are never fetched: the
+    /// validator is built offline whatever features `jsonschema` was compiled with,
+    /// so a schema that names one fails to register.
     pub fn register(&mut self, tool: Arc<dyn Tool>) -> Result<(), RegistryError> {
         let name = tool.name().to_owned();
         if self.tools.contains_key(&name) {
             return Err(RegistryError::Duplicate(name));
         }
         let schema = tool.parameters();
-        let validator = jsonschema::validator_for(&schema)
+        let validator = jsonschema::options()
+            .offline()
+            .build(&schema)
             .map_err(|error| RegistryError::BadSchema { name: name.clone(), message: error.to_string() })?;
         let accepts_excluded_ids = schema.pointer("/properties/excluded_ids").is_some();
         let definition = Arc::new(ToolDefinition {
@@ -218,8 +229,51 @@ impl ToolRegistry {
         names
     }
 
-    /// The definition offered to the model for `name`.
+    /// The definition offered to the model for `name`: the tool's current one if it
+    /// has one, else the one built at registration.
     pub fn definition(&self, name: &str) -> Option<Arc<ToolDefinition>> {
-        self.tools.get(name).map(|registered| registered.definition.clone())
+        self.tools
+            .get(name)
+            .map(|registered| registered.tool.current_definition().unwrap_or_else(|| registered.definition.clone()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use serde_json::json;
+
+    use super::*;
+
+    struct SchemaTool(Value);
+
+    #[async_trait]
+    impl Tool for SchemaTool {
+        fn name(&self) -> &str {
+            "schema_tool"
+        }
+        fn description(&self) -> &str {
+            "a tool with a given schema"
+        }
+        fn parameters(&self) -> Value {
+            self.0.clone()
+        }
+        async fn call(&self, _context: ToolContext, _args: Value) -> Result<ToolOutput, ToolError> {
+            Ok(ToolOutput::value(Value::Null))
+        }
+    }
+
+    #[test]
+    fn remote_refs_are_never_fetched() {
+        for reference in ["http://127.0.0.1:9/schema.json", "https://example.com/schema.json", "file:///etc/passwd"] {
+            let schema = json!({"type": "object", "properties": {"a": {"$ref": reference}}});
+            let error = ToolRegistry::new().with(Arc::new(SchemaTool(schema))).err().unwrap();
+            assert!(matches!(error, RegistryError::BadSchema { .. }), "{reference}: {error}");
+        }
+        let local =
+            json!({"type": "object", "$defs": {"n": {"type": "number"}}, "properties": {"a": {"$ref": "#/$defs/n"}}});
+        let registry = ToolRegistry::new().with(Arc::new(SchemaTool(local))).unwrap();
+        let validator = &registry.get("schema_tool").unwrap().validator;
+        assert!(validator.is_valid(&json!({"a": 1})) && !validator.is_valid(&json!({"a": "x"})));
     }
 }

@@ -6,6 +6,7 @@ mod crash;
 mod daemon;
 mod demo;
 mod http_fetch;
+mod mcp;
 mod model;
 mod server;
 mod store;
