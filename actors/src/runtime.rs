@@ -250,8 +250,9 @@ impl Runtime {
                 let _ = self.queue.push(run_id, &run.tenant, true);
                 continue;
             }
-            let slot = self.admission.readmit(&run.tenant);
-            match start_session(&self.supervisor, run_id, Some(slot)).await {
+            // A parked run waits for a human without a slot.
+            let slot = (run.status != RunStatus::WaitingInput).then(|| self.admission.readmit(&run.tenant));
+            match start_session(&self.supervisor, run_id, slot).await {
                 Ok(()) => metrics::run_recovered(),
                 Err(error) => warn!(run_id = %run_id, %error, "could not resume run"),
             }
@@ -364,8 +365,20 @@ impl Runtime {
                 Some(_) => Err(InputError::NotWaiting),
             };
         };
+        // A parked run gave up its slot; it takes one again to go on (never
+        // refused: it was admitted before).
+        if let Some(run) = self.shared.store.get_run(run_id).await?.filter(|run| run.status == RunStatus::WaitingInput)
+        {
+            let slot = self.admission.readmit(&run.tenant);
+            let _ = self.supervisor.cast(SupervisorMsg::AttachSlot { run_id, slot });
+        }
         match ractor::call!(session, |reply| SessionMsg::Input { input, reply }) {
-            Ok(result) => result,
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(error)) => {
+                // Refused: the run stays parked, without a slot.
+                let _ = self.supervisor.cast(SupervisorMsg::ReleaseSlot { run_id });
+                Err(error)
+            }
             // The session stopped as the input came: the run just ended.
             Err(_) => match self.shared.store.get_run(run_id).await? {
                 Some(run) if run.status.is_terminal() => Err(InputError::NotWaiting),

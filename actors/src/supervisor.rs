@@ -87,6 +87,18 @@ pub enum SupervisorMsg {
         /// The session.
         reply: RpcReplyPort<Option<ActorRef<SessionMsg>>>,
     },
+    /// The run parked (it waits for a human): its admission slot is freed.
+    ReleaseSlot {
+        /// The run.
+        run_id: RunId,
+    },
+    /// The run goes on after parking: it holds `slot` again.
+    AttachSlot {
+        /// The run.
+        run_id: RunId,
+        /// Its new slot.
+        slot: Slot,
+    },
     /// How many runs have a live session.
     ActiveRuns {
         /// The count.
@@ -104,7 +116,7 @@ pub struct Supervisor {
 struct LiveRun {
     session: ActorRef<SessionMsg>,
     /// Dropped with the entry, which frees the run's admission slot.
-    _permit: Option<Slot>,
+    slot: Option<Slot>,
     /// Recent restarts, for the intensity check.
     restarts: VecDeque<Instant>,
 }
@@ -160,7 +172,7 @@ impl Actor for Supervisor {
                     match self.spawn_session(&myself, run_id).await {
                         Ok(session) => {
                             state.sessions.insert(session.get_id(), run_id);
-                            state.runs.insert(run_id, LiveRun { session, _permit: permit, restarts: VecDeque::new() });
+                            state.runs.insert(run_id, LiveRun { session, slot: permit, restarts: VecDeque::new() });
                             metrics::runs_active(state.runs.len());
                             Ok(())
                         }
@@ -171,6 +183,16 @@ impl Actor for Supervisor {
             }
             SupervisorMsg::Session { run_id, reply } => {
                 let _ = reply.send(state.runs.get(&run_id).map(|run| run.session.clone()));
+            }
+            SupervisorMsg::ReleaseSlot { run_id } => {
+                if let Some(run) = state.runs.get_mut(&run_id) {
+                    run.slot = None;
+                }
+            }
+            SupervisorMsg::AttachSlot { run_id, slot } => {
+                if let Some(run) = state.runs.get_mut(&run_id).filter(|run| run.slot.is_none()) {
+                    run.slot = Some(slot);
+                }
             }
             SupervisorMsg::ActiveRuns { reply } => {
                 let _ = reply.send(state.runs.len());

@@ -37,6 +37,7 @@ use crate::protocol::{
 use crate::reviewer::{CallSummary, ReviewInput, ReviewReply, ReviewerMsg};
 use crate::runtime::{InputError, RunInput, RuntimeShared};
 use crate::store::{Commit, RunRecord, StoreError, StoreWrite, StoredMessage};
+use crate::supervisor::SupervisorMsg;
 use crate::tool_pool::{ToolJob, ToolPoolMsg, ToolReply, ToolResult, WorkItem, book};
 
 pub use prompt::{ASK_USER, ask_user_definition, resolve_citations};
@@ -622,6 +623,12 @@ impl Session {
             live.outbox.emit(EventKind::WaitingInput { prompt });
             live.outbox.write(StoreWrite::Status { status: RunStatus::WaitingInput, reason: None });
             live.run.status = RunStatus::WaitingInput;
+            // A run waiting for a human holds no admission slot: a parked run must
+            // not keep other runs out. Input gives it one again.
+            if let Some(supervisor) = myself.try_get_supervisor() {
+                let _ = ActorRef::<SupervisorMsg>::from(supervisor)
+                    .cast(SupervisorMsg::ReleaseSlot { run_id: live.run.run_id });
+            }
             if let Phase::Tools(tools) = std::mem::replace(&mut live.phase, Phase::Idle) {
                 live.phase = Phase::WaitingInput(tools);
             }

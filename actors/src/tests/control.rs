@@ -197,3 +197,31 @@ async fn queued_runs_queue_again_after_a_restart() {
     harness.runtime.cancel(first).await.unwrap();
     wait_status(&harness, second, RunStatus::Running).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_parked_on_a_question_frees_its_slot_until_it_is_answered() {
+    let model = ScriptedModel::per_turn(vec![calls(&[("ask_user", json!({"question": "which one?"}))]), Step::Hang]);
+    let mut setup = Setup::new(model);
+    setup.config.max_active_runs = 1;
+    let harness = setup.start().await;
+    let parked = harness.submit("ask me").await;
+    let mut events = harness.runtime.subscribe(parked, 0);
+    wait_for(&mut events, |kind| matches!(kind, EventKind::WaitingInput { .. })).await;
+
+    // The slot comes free once the park is seen by the supervisor.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let other = loop {
+        let run_id = harness.submit("another").await;
+        if harness.runtime.get(run_id).await.unwrap().unwrap().status == RunStatus::Running {
+            break run_id;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the parked run kept its slot");
+        harness.runtime.cancel(run_id).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    // The answer is taken although the slot is used: the parked run was admitted.
+    harness.runtime.input(parked, "the first").await.unwrap();
+    wait_for(&mut events, |kind| matches!(kind, EventKind::InputReceived { .. })).await;
+    assert_ne!(harness.runtime.get(other).await.unwrap().unwrap().status, RunStatus::Queued);
+    assert_eq!(harness.runtime.queued_runs(), 0);
+}
