@@ -157,9 +157,9 @@ enum RunsCommand {
     Approve {
         /// The run id.
         id: String,
-        /// The call, when several wait.
+        /// The call (from its `approval_requested` event, or `runs show --follow`).
         #[arg(long = "call")]
-        call_id: Option<String>,
+        call_id: String,
         /// Reject instead of approve.
         #[arg(long)]
         reject: bool,
@@ -514,10 +514,9 @@ async fn remote_runs(command: RunsCommand) -> anyhow::Result<ExitCode> {
             print_run(&client.get_run(&id).await?, remote.json)
         }
         RunsCommand::Cancel { id, remote } => print_run(&client(&remote)?.cancel(&id).await?, remote.json),
-        RunsCommand::Approve { id, call_id, reject, reason, remote } => print_run(
-            &client(&remote)?.approve(&id, call_id.as_deref(), !reject, reason.as_deref()).await?,
-            remote.json,
-        ),
+        RunsCommand::Approve { id, call_id, reject, reason, remote } => {
+            print_run(&client(&remote)?.approve(&id, Some(&call_id), !reject, reason.as_deref()).await?, remote.json)
+        }
         RunsCommand::Input { id, text, remote } => print_run(&client(&remote)?.input(&id, &text).await?, remote.json),
     }
 }

@@ -48,12 +48,14 @@ impl ApprovalRule {
     }
 }
 
-/// What the run's tools said about it.
+/// What the run's tools said about it. Labels only escalate: every
+/// classification a tool gave is kept, and the lowest confidence, so a later
+/// result (a tool fed a crafted document, say) cannot switch a rule off.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RunLabels {
-    /// The latest classification.
-    pub classification: Option<String>,
-    /// The latest confidence.
+    /// Every classification given, in order.
+    pub classifications: Vec<String>,
+    /// The lowest confidence given.
     pub confidence: Option<f64>,
 }
 
@@ -61,11 +63,13 @@ impl RunLabels {
     /// Takes the labels a tool result carries, if any.
     pub fn absorb(&mut self, value: &Value) {
         let Some(object) = value.as_object() else { return };
-        if let Some(classification) = object.get("classification").and_then(Value::as_str) {
-            self.classification = Some(classification.to_owned());
+        if let Some(classification) = object.get("classification").and_then(Value::as_str)
+            && !self.classifications.iter().any(|known| known.eq_ignore_ascii_case(classification))
+        {
+            self.classifications.push(classification.to_owned());
         }
         if let Some(confidence) = object.get("confidence").and_then(Value::as_f64).filter(|c| c.is_finite()) {
-            self.confidence = Some(confidence);
+            self.confidence = Some(self.confidence.map_or(confidence, |known| known.min(confidence)));
         }
     }
 
@@ -116,8 +120,10 @@ fn rule_reason(
     if !covered {
         return None;
     }
-    if let Some(classification) = &labels.classification
-        && rule.classifications.iter().any(|wanted| wanted.eq_ignore_ascii_case(classification))
+    if let Some(classification) = labels
+        .classifications
+        .iter()
+        .find(|given| rule.classifications.iter().any(|wanted| wanted.eq_ignore_ascii_case(given)))
     {
         return Some(format!("the run is classified as {classification}"));
     }
@@ -163,7 +169,7 @@ mod tests {
     const READ_ONLY: ToolTraits = ToolTraits { idempotent: true, requires_approval: false };
 
     fn labels(classification: &str, confidence: f64) -> RunLabels {
-        RunLabels { classification: Some(classification.into()), confidence: Some(confidence) }
+        RunLabels { classifications: vec![classification.into()], confidence: Some(confidence) }
     }
 
     #[test]
@@ -199,8 +205,12 @@ mod tests {
         labels.absorb_text("plain text");
         labels.absorb_text(r#"{"classification": "complaint", "confidence": 0.7, "other": 1}"#);
         assert_eq!(labels, self::labels("complaint", 0.7));
-        labels.absorb(&json!({"confidence": 0.9}));
-        assert_eq!(labels.confidence, Some(0.9));
+        // A later, reassuring result changes nothing.
+        labels.absorb(&json!({"classification": "question", "confidence": 0.99}));
+        assert_eq!(labels.confidence, Some(0.7));
+        assert_eq!(labels.classifications, vec!["complaint".to_owned(), "question".to_owned()]);
+        let config = ApprovalConfig::default();
+        assert!(reason(&config, "reply", &SIDE_EFFECT, &json!({}), &labels).is_some());
     }
 
     #[test]

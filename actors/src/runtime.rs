@@ -373,12 +373,8 @@ impl Runtime {
             let _ = self.supervisor.cast(SupervisorMsg::AttachSlot { run_id, slot });
         }
         match ractor::call!(session, |reply| SessionMsg::Input { input, reply }) {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(error)) => {
-                // Refused: the run stays parked, without a slot.
-                let _ = self.supervisor.cast(SupervisorMsg::ReleaseSlot { run_id });
-                Err(error)
-            }
+            // A refusal of a parked run's input gives the slot back in the session.
+            Ok(result) => result,
             // The session stopped as the input came: the run just ended.
             Err(_) => match self.shared.store.get_run(run_id).await? {
                 Some(run) if run.status.is_terminal() => Err(InputError::NotWaiting),

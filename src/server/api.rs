@@ -341,7 +341,7 @@ pub struct InputBody {
     /// Approve (true) or reject (false) a call waiting for approval.
     #[serde(default)]
     pub approve: Option<bool>,
-    /// The call decided on; needed when several wait.
+    /// The call decided on (from its `approval_requested` event).
     #[serde(default)]
     pub call_id: Option<String>,
     /// Why; the model sees it on a rejection.
@@ -353,6 +353,11 @@ impl InputBody {
     fn into_input(self) -> Result<RunInput, ApiError> {
         match (self.text, self.approve) {
             (Some(text), None) => Ok(RunInput::Text(text)),
+            // The call is always named: a retried decision must not land on a
+            // call the human has not seen.
+            (None, Some(_)) if self.call_id.is_none() => {
+                Err(ApiError::invalid("a decision names its call: \"call_id\""))
+            }
             (None, Some(approved)) => Ok(RunInput::Approval { call_id: self.call_id, approved, reason: self.reason }),
             _ => Err(ApiError::invalid("send either \"text\" (an answer) or \"approve\" (a decision on a call)")),
         }

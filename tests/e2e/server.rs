@@ -482,7 +482,10 @@ async fn a_call_waiting_for_approval_is_approved_or_rejected_over_the_api() {
     let input = format!("/v1/runs/{id}/input");
     let post = reqwest::Method::POST;
     let vague = server.send(post.clone(), &input, Some(ALPHA), Some(json!({"approve": true}))).await;
-    assert_eq!((vague.status, vague.code()), (StatusCode::BAD_REQUEST, "invalid_input"), "two wait: name one");
+    assert_eq!((vague.status, vague.code()), (StatusCode::BAD_REQUEST, "invalid_request"), "a decision names its call");
+    let unknown =
+        server.send(post.clone(), &input, Some(ALPHA), Some(json!({"approve": true, "call_id": "nope"}))).await;
+    assert_eq!((unknown.status, unknown.code()), (StatusCode::BAD_REQUEST, "invalid_input"));
     let both = server.send(post.clone(), &input, Some(ALPHA), Some(json!({"approve": true, "text": "x"}))).await;
     assert_eq!(both.status, StatusCode::BAD_REQUEST);
     let other =

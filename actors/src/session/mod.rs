@@ -426,7 +426,7 @@ impl Session {
     async fn advance_tools(&self, myself: &ActorRef<SessionMsg>, live: &mut Live) -> Result<(), ActorProcessingErr> {
         let max_parallel = live.run.limits.max_parallel_tools.max(1);
         let mut jobs = Vec::new();
-        let mut sub_run_calls = Vec::new();
+        let mut sub_run_calls: Vec<WorkItem> = Vec::new();
         // Calls a human just approved go first.
         while let Some(tools) = tools_mut(live)
             && tools.in_flight < max_parallel
@@ -436,7 +436,11 @@ impl Session {
             tools.in_flight += 1;
             let work = self.work_item(live, index);
             self.mark_started(live, &work);
-            jobs.push(work);
+            if work.call.name == sub_runs::RUN_AGENT {
+                sub_run_calls.push(work);
+            } else {
+                jobs.push(work);
+            }
         }
         loop {
             let Some(tools) = tools_mut(live) else {
@@ -452,6 +456,14 @@ impl Session {
                 continue;
             }
             let (turn, ask, call) = (tools.turn, tools.ask, tools.calls[index].clone());
+            if self.forbidden(live, &call.name) {
+                // The model was never offered it: an agent calls only its own tools.
+                let detail = format!("{} is not one of this agent's tools", call.name);
+                let outcome = ToolOutcome::skipped(SkipReason::Denied, detail);
+                let result = self.builtin_result(live, turn, index, call, outcome, Utc::now(), 0);
+                self.record_result(live, result);
+                continue;
+            }
             match call.name.as_str() {
                 sub_runs::LIST_AGENTS => {
                     self.emit_call_start(live, turn, &call, "Listing the agents".to_owned());
@@ -460,6 +472,10 @@ impl Session {
                     self.record_result(live, result);
                 }
                 sub_runs::RUN_AGENT => {
+                    if let Some(reason) = self.approval_reason(live, &call) {
+                        self.request_approval(live, turn, index, &call, reason);
+                        continue;
+                    }
                     if let Some(tools) = tools_mut(live) {
                         tools.in_flight += 1;
                     }
@@ -496,16 +512,7 @@ impl Session {
                 }
                 _ => {
                     if let Some(reason) = self.approval_reason(live, &call) {
-                        live.outbox.emit(EventKind::ApprovalRequested {
-                            turn,
-                            call_id: call.call_id.clone(),
-                            tool: call.name.clone(),
-                            args: call.args.clone(),
-                            reason,
-                        });
-                        if let Some(tools) = tools_mut(live) {
-                            tools.awaiting.push(index);
-                        }
+                        self.request_approval(live, turn, index, &call, reason);
                         continue;
                     }
                     if let Some(tools) = tools_mut(live) {
@@ -566,14 +573,47 @@ impl Session {
         }
     }
 
-    /// Why `call` must wait for a human, if it must.
+    /// Why `call` must wait for a human, if it must. `run_agent` counts as a call
+    /// with side effects: what the sub-run does is what the caller does.
     fn approval_reason(&self, live: &Live, call: &ToolCall) -> Option<String> {
-        let registered = self.shared.pool.registry.get(&call.name)?;
-        let traits = ToolTraits {
-            idempotent: registered.tool.idempotent(),
-            requires_approval: registered.tool.requires_approval(),
+        let traits = match self.shared.pool.registry.get(&call.name) {
+            Some(registered) => ToolTraits {
+                idempotent: registered.tool.idempotent(),
+                requires_approval: registered.tool.requires_approval(),
+            },
+            None if call.name == sub_runs::RUN_AGENT => ToolTraits { idempotent: false, requires_approval: false },
+            None => return None,
         };
-        approvals::reason(&self.shared.config.approvals, &call.name, &traits, &call.args, &live.labels)
+        // Arguments a model double-encoded are judged as the tool will see them.
+        let parsed = match &call.args {
+            Value::String(text) => serde_json::from_str::<Value>(text).ok(),
+            _ => None,
+        };
+        let args = parsed.as_ref().unwrap_or(&call.args);
+        approvals::reason(&self.shared.config.approvals, &call.name, &traits, args, &live.labels)
+    }
+
+    /// Parks call `index` until a human decides on it.
+    fn request_approval(&self, live: &mut Live, turn: u32, index: usize, call: &ToolCall, reason: String) {
+        live.outbox.emit(EventKind::ApprovalRequested {
+            turn,
+            call_id: call.call_id.clone(),
+            tool: call.name.clone(),
+            args: call.args.clone(),
+            reason,
+        });
+        if let Some(tools) = tools_mut(live) {
+            tools.awaiting.push(index);
+        }
+    }
+
+    /// Whether the call names a tool this agent may not use (one it was not
+    /// offered). Unknown tools go on to be reported as unknown.
+    fn forbidden(&self, live: &Live, name: &str) -> bool {
+        let known = self.shared.pool.registry.get(name).is_some()
+            || name == sub_runs::RUN_AGENT
+            || name == sub_runs::LIST_AGENTS;
+        known && !live.agent.tools.iter().any(|tool| tool == name)
     }
 
     /// Records a call as `started` with its start events.
@@ -810,19 +850,24 @@ impl Session {
         text: String,
         reply: RpcReplyPort<Result<(), InputError>>,
     ) -> Result<(), ActorProcessingErr> {
-        let Phase::WaitingInput(tools) = std::mem::replace(&mut live.phase, Phase::Idle) else {
+        // Look before taking: a run that is not parked must keep its phase.
+        let Phase::WaitingInput(parked) = &live.phase else {
             let _ = reply.send(Err(InputError::NotWaiting));
             return Ok(());
         };
-        let Some(ask) = tools.ask.filter(|ask| tools.results[*ask].is_none()) else {
-            let waits_for_approval = !tools.awaiting.is_empty();
-            live.phase = Phase::WaitingInput(tools);
-            let error = if waits_for_approval {
-                InputError::Invalid("the run waits for an approval, not for an answer".to_owned())
-            } else {
+        if parked.ask.filter(|ask| parked.results[*ask].is_none()).is_none() {
+            let error = if parked.awaiting.is_empty() {
                 InputError::NotWaiting
+            } else {
+                InputError::Invalid("the run waits for an approval, not for an answer".to_owned())
             };
-            let _ = reply.send(Err(error));
+            self.refuse_parked(myself, live, reply, error);
+            return Ok(());
+        }
+        let Phase::WaitingInput(tools) = std::mem::replace(&mut live.phase, Phase::Idle) else {
+            return Ok(());
+        };
+        let Some(ask) = tools.ask else {
             return Ok(());
         };
         let turn = tools.turn;
@@ -853,7 +898,7 @@ impl Session {
         reply: RpcReplyPort<Result<(), InputError>>,
     ) -> Result<(), ActorProcessingErr> {
         let Some(tools) = tools_mut(live).filter(|tools| !tools.awaiting.is_empty()) else {
-            let _ = reply.send(Err(InputError::NotWaiting));
+            self.refuse_parked(myself, live, reply, InputError::NotWaiting);
             return Ok(());
         };
         let position = match &call_id {
@@ -862,12 +907,13 @@ impl Session {
             None => {
                 let ids: Vec<&str> = tools.awaiting.iter().map(|index| tools.calls[*index].call_id.as_str()).collect();
                 let message = format!("several calls wait for approval; name one with call_id: {}", ids.join(", "));
-                let _ = reply.send(Err(InputError::Invalid(message)));
+                self.refuse_parked(myself, live, reply, InputError::Invalid(message));
                 return Ok(());
             }
         };
         let Some(position) = position else {
-            let _ = reply.send(Err(InputError::Invalid("no call with that call_id waits for approval".to_owned())));
+            let error = InputError::Invalid("no call with that call_id waits for approval".to_owned());
+            self.refuse_parked(myself, live, reply, error);
             return Ok(());
         };
         let index = tools.awaiting.remove(position);
@@ -898,9 +944,29 @@ impl Session {
             let result = self.builtin_result(live, turn, index, call, outcome, Utc::now(), 0);
             self.record_result(live, result);
         }
+        // The decision commits with what it lets run (the `started` record); the
+        // client hears back once it is durable.
+        self.advance_tools(myself, live).await?;
         let _ = reply.send(Ok(()));
-        // The decision commits with what it lets run (the `started` record).
-        self.advance_tools(myself, live).await
+        Ok(())
+    }
+
+    /// Refuses an input. A parked run stays parked, and gives up the slot the
+    /// input took for it (an input to a run that is not parked took none).
+    fn refuse_parked(
+        &self,
+        myself: &ActorRef<SessionMsg>,
+        live: &Live,
+        reply: RpcReplyPort<Result<(), InputError>>,
+        error: InputError,
+    ) {
+        if matches!(live.phase, Phase::WaitingInput(_))
+            && let Some(supervisor) = myself.try_get_supervisor()
+        {
+            let _ = ActorRef::<SupervisorMsg>::from(supervisor)
+                .cast(SupervisorMsg::ReleaseSlot { run_id: live.run.run_id });
+        }
+        let _ = reply.send(Err(error));
     }
 
     /// Asks the reviewer about `turn`. Every turn of every run passes here exactly

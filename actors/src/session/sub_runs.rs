@@ -192,12 +192,10 @@ impl Watcher {
     async fn watch(self) {
         let started_at = Utc::now();
         let clock = Instant::now();
-        let mut events = events::subscribe(self.shared.hub.clone(), self.shared.store.clone(), self.child, 0);
         let ended = tokio::select! {
-            () = async { while let Some(Ok(_)) = events.next().await {} } => true,
+            ended = self.child_ended() => ended,
             () = self.caller_gone.cancelled() => false,
         };
-        drop(events);
         if !ended {
             // A runtime shutting down stops every session: the sub-run resumes with
             // the next start, like its caller. Otherwise the caller ended.
@@ -227,6 +225,29 @@ impl Watcher {
         let result = book(&self.shared.pool, &self.work, outcome, started_at, clock.elapsed(), 0.0, summary);
         // The caller may have ended meanwhile; then nobody needs the answer.
         let _ = self.session.cast(SessionMsg::ToolDone(Box::new(result)));
+    }
+
+    /// Follows the sub-run until it ends (true), or until the runtime stops
+    /// (false). A stream that breaks (a store error, a restarted session) is
+    /// opened again: the call is answered only from an ended sub-run.
+    async fn child_ended(&self) -> bool {
+        let mut last = 0;
+        loop {
+            let mut events = events::subscribe(self.shared.hub.clone(), self.shared.store.clone(), self.child, last);
+            while let Some(Ok(event)) = events.next().await {
+                last = event.seq;
+            }
+            drop(events);
+            match self.shared.store.get_run(self.child).await {
+                Ok(Some(run)) if !run.status.is_terminal() => {}
+                Ok(_) => return true,
+                Err(error) => warn!(run_id = %self.child, %error, "cannot read a sub-run; trying again"),
+            }
+            if !ractor::ACTIVE_STATES.contains(&self.supervisor.get_status()) {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
     }
 
     /// Cancels a sub-run whose caller is gone.

@@ -219,3 +219,17 @@ async fn an_application_hook_denies_a_call_before_it_runs() {
         vec!["skipped (denied): ledger is not allowed here".to_owned(), "ok".to_owned()]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_to_a_tool_the_agent_was_not_given_is_denied() {
+    let model = ScriptedModel::per_turn(vec![calls(&[("ledger", json!({"entry": "exfiltrate"}))]), text("ok")]);
+    let mut setup = Setup::new(model);
+    setup.agent_tools = Some(vec!["echo".to_owned()]);
+    let harness = setup.start().await;
+    let (record, events) = harness.run("try it").await;
+    assert_eq!(record.status, RunStatus::Succeeded);
+    assert!(harness.ledger.lines.lock().unwrap().is_empty(), "the tool never ran");
+    assert!(events.iter().any(|e| matches!(&e.kind,
+        EventKind::ToolSkipped { tool, reason: SkipReason::Denied, .. } if tool == "ledger")));
+    assert!(tool_messages(&harness.requests()[1])[0].contains("not one of this agent's tools"));
+}

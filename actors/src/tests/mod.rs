@@ -39,6 +39,8 @@ struct Setup {
     store: Arc<dyn RunStore>,
     extra_tools: Vec<Arc<dyn Tool>>,
     hooks: Vec<Arc<dyn ToolHook>>,
+    /// The agent's tools; all registered ones when `None`.
+    agent_tools: Option<Vec<String>>,
 }
 
 impl Setup {
@@ -50,6 +52,7 @@ impl Setup {
             store: Arc::new(MemoryStore::new()),
             extra_tools: Vec::new(),
             hooks: Vec::new(),
+            agent_tools: None,
         }
     }
 
@@ -70,7 +73,8 @@ impl Setup {
         for tool in tools {
             registry.register(tool).unwrap();
         }
-        let mut agent = AgentConfig::new(AGENT, "You are a test agent.", registry.names());
+        let tools = self.agent_tools.unwrap_or_else(|| registry.names());
+        let mut agent = AgentConfig::new(AGENT, "You are a test agent.", tools);
         agent.limits = self.limits;
         let model = Arc::new(self.model);
         let deps = Deps {
