@@ -169,11 +169,18 @@ pub async fn supervise(shared: Arc<ServerShared>, spec: ServerSpec, shutdown: Ca
         let error = match attempt {
             Ok(Ok((service, tools))) => {
                 info!(server, tools = tools.len(), "mcp server connected");
-                failures = 0;
+                let connected_at = tokio::time::Instant::now();
                 shared.tools.send_replace(Arc::new(tools));
                 let connection = Arc::new(Connection { peer: service.peer().clone(), lost: CancellationToken::new() });
                 shared.link.send_replace(Link::Up(connection.clone()));
-                match stay_connected(&shared, &spec, service, &connection, &tools_changed, &shutdown).await {
+                let ended = stay_connected(&shared, &spec, service, &connection, &tools_changed, &shutdown).await;
+                // Only a connection that stayed up a while resets the backoff: a
+                // server that dies right after its handshake must not be
+                // restarted at the shortest delay forever.
+                if connected_at.elapsed() >= STABLE_AFTER {
+                    failures = 0;
+                }
+                match ended {
                     Ended::Shutdown => break,
                     Ended::Lost(error) => error,
                 }
@@ -193,6 +200,9 @@ pub async fn supervise(shared: Arc<ServerShared>, spec: ServerSpec, shutdown: Ca
     shared.link.send_replace(Link::Stopped);
     debug!(server, "mcp supervisor stopped");
 }
+
+/// How long a connection must last for the backoff to start over.
+const STABLE_AFTER: Duration = Duration::from_secs(30);
 
 /// `backoff_initial` doubled per failure after the first, at most `backoff_max`.
 fn backoff(spec: &ServerSpec, failures: u32) -> Duration {
