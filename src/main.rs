@@ -481,7 +481,7 @@ async fn mailbox_command(config: &Config, command: MailboxCommand) -> anyhow::Re
             println!(
                 "imported {added} new email(s) into {} ({} in all)",
                 mailbox.path().display(),
-                mailbox.len().await?
+                mailbox.count().await?
             );
         }
         MailboxCommand::Sample { reset } => {
@@ -492,7 +492,7 @@ async fn mailbox_command(config: &Config, command: MailboxCommand) -> anyhow::Re
             println!(
                 "loaded {added} sample email(s) into {} ({} in all)",
                 mailbox.path().display(),
-                mailbox.len().await?
+                mailbox.count().await?
             );
         }
         MailboxCommand::Search { query, folder, limit } => {

@@ -243,7 +243,7 @@ pub fn rules(text: &str, folder: &str) -> Value {
         scores.iter_mut().filter(|(label, _)| *label == "spam").for_each(|(_, score)| *score += 5);
     }
     // Stable: on a tie the earlier class in CUES wins.
-    scores.sort_by(|a, b| b.1.cmp(&a.1));
+    scores.sort_by_key(|(_, score)| std::cmp::Reverse(*score));
     let (best, top) = scores[0];
     let second = scores[1].1;
     let (classification, confidence) =

@@ -239,7 +239,7 @@ impl Mailbox {
     }
 
     /// How many emails it holds.
-    pub async fn len(&self) -> Result<i64, MailboxError> {
+    pub async fn count(&self) -> Result<i64, MailboxError> {
         count(self.pool().await?).await
     }
 

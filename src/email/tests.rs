@@ -57,7 +57,7 @@ async fn the_sample_is_seeded_on_first_use_and_searched_with_stemming() {
     let temp = temp_mailbox(true);
     assert!(!temp.mailbox.path().exists(), "nothing is opened before first use");
     let found = temp.mailbox.search(&query("deliveries")).await.unwrap();
-    assert_eq!(temp.mailbox.len().await.unwrap(), 17);
+    assert_eq!(temp.mailbox.count().await.unwrap(), 17);
     assert!(ids(&found).contains(&"ship-lb55821@lumenbooks.example"), "{:?}", ids(&found));
     assert!(!ids(&found).contains(&"parcel-fee-2291@secure-delivery-alerts.example"), "spam is hidden by default");
     let spam = SearchQuery { folder: Some("spam".into()), ..query("delivery") };
@@ -113,7 +113,7 @@ async fn an_mbox_import_threads_by_references_across_files() {
         References: <one@x>\nDate: Thu, 01 May 2025 11:00:00 +0000\n\nThe launch is on.\n";
     assert_eq!(temp.mailbox.import(first).await.unwrap(), 1);
     assert_eq!(temp.mailbox.import(second).await.unwrap(), 1);
-    assert_eq!(temp.mailbox.len().await.unwrap(), 2, "an explicit import never seeds the sample");
+    assert_eq!(temp.mailbox.count().await.unwrap(), 2, "an explicit import never seeds the sample");
     assert_eq!(ids(&temp.mailbox.thread("two@x").await.unwrap()), vec!["one@x", "two@x"]);
     assert_eq!(temp.mailbox.search(&query("launching")).await.unwrap().len(), 2);
     assert!(matches!(temp.mailbox.import("{}").await, Err(MailboxError::Import(_))));
