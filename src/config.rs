@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use troupe_actors::config::{AgentConfig, RuntimeConfig};
 
+use crate::email::EmailConfig;
 use crate::llm::{ModelConfig, ProviderConfig};
 use crate::mcp::McpConfig;
 use crate::server::{AuthConfig, ServerConfig};
@@ -45,6 +46,8 @@ pub struct Config {
     pub tools: ToolsConfig,
     /// MCP servers whose tools agents may use.
     pub mcp: McpConfig,
+    /// The mailbox of the email tools.
+    pub email: EmailConfig,
 }
 
 impl Default for Config {
@@ -60,6 +63,7 @@ impl Default for Config {
             store: StoreConfig::default(),
             tools: ToolsConfig::default(),
             mcp: McpConfig::default(),
+            email: EmailConfig::default(),
         }
     }
 }

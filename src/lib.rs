@@ -6,6 +6,7 @@ pub mod client;
 pub mod config;
 pub mod daemon;
 pub mod demo;
+pub mod email;
 pub mod llm;
 pub mod mcp;
 pub mod server;

@@ -121,6 +121,42 @@ enum Command {
     },
     /// Print the API's OpenAPI document (also served at /openapi.json).
     Openapi,
+    /// The email tools' mailbox (`[email]` in the config): import mail, load the
+    /// sample, search it, read the outbox.
+    Mailbox {
+        #[command(subcommand)]
+        command: MailboxCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum MailboxCommand {
+    /// Import an mbox file or a JSON list of emails (emails already there are
+    /// skipped). An empty mailbox is not seeded with the sample first.
+    Import {
+        /// The file.
+        file: PathBuf,
+    },
+    /// Load the built-in sample mailbox, dated relative to now.
+    Sample {
+        /// Delete every email, draft and outbox message first.
+        #[arg(long)]
+        reset: bool,
+    },
+    /// Search it as the `search_emails` tool does, newest first.
+    Search {
+        /// Words to find; none lists the newest emails.
+        #[arg(default_value = "")]
+        query: String,
+        /// Only this folder (`all` for every folder; default: all but spam and trash).
+        #[arg(long)]
+        folder: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+    },
+    /// What send_email queued, oldest first.
+    Outbox,
 }
 
 #[derive(Subcommand)]
@@ -339,8 +375,10 @@ fn local(
         let local = PathBuf::from("config/agents");
         local.is_dir().then_some(local)
     });
+    if let Command::Mailbox { command } = command {
+        return runtime.block_on(mailbox_command(&config, command));
+    }
     let agents = load_agents(agents_dir.as_deref())?;
-    let mut tools = troupe::tools::builtin_registry(&config.tools)?;
     let guide = match &config.tools.guide_path {
         Some(path) => {
             std::fs::read_to_string(path).with_context(|| format!("cannot read the tool guide {}", path.display()))?
@@ -359,6 +397,13 @@ fn local(
             std::env::var(name).ok()
         })
     })?;
+    let mut tools = troupe::tools::builtin_registry(&config.tools)?;
+    let analysis_model = match &config.email.model {
+        Some(name) => models.get(Some(name)).with_context(|| format!("email.model names an unknown model {name:?}"))?,
+        None => models.fallback(),
+    };
+    let mailbox = Arc::new(config.email.mailbox(&config.data_dir));
+    troupe::email::register(&mut tools, mailbox, analysis_model)?;
     // Checked before the store is opened, so a daemon without tokens fails at once.
     let auth = match &command {
         Command::Serve { insecure_no_auth: true, .. } => Some(Auth::open()),
@@ -421,6 +466,50 @@ fn local(
     };
     runtime.block_on(mcp.shutdown());
     outcome
+}
+
+/// `troupe mailbox …`: the mailbox of the email tools, without a runtime.
+async fn mailbox_command(config: &Config, command: MailboxCommand) -> anyhow::Result<ExitCode> {
+    let mut email = config.email.clone();
+    // Imported mail is the user's own: it must not land next to the sample.
+    email.seed_sample &= !matches!(command, MailboxCommand::Import { .. } | MailboxCommand::Sample { .. });
+    let mailbox = email.mailbox(&config.data_dir);
+    match command {
+        MailboxCommand::Import { file } => {
+            let text = std::fs::read_to_string(&file).with_context(|| format!("cannot read {}", file.display()))?;
+            let added = mailbox.import(&text).await?;
+            println!(
+                "imported {added} new email(s) into {} ({} in all)",
+                mailbox.path().display(),
+                mailbox.count().await?
+            );
+        }
+        MailboxCommand::Sample { reset } => {
+            if reset {
+                mailbox.clear().await?;
+            }
+            let added = mailbox.import_sample().await?;
+            println!(
+                "loaded {added} sample email(s) into {} ({} in all)",
+                mailbox.path().display(),
+                mailbox.count().await?
+            );
+        }
+        MailboxCommand::Search { query, folder, limit } => {
+            let query = troupe::email::mailbox::SearchQuery { text: query, folder, limit, ..Default::default() };
+            for email in mailbox.search(&query).await? {
+                let date = email.date.format("%Y-%m-%d %H:%M");
+                println!("{date}  {:<8} {:<40} {}", email.folder, email.id, email.subject);
+            }
+        }
+        MailboxCommand::Outbox => {
+            for message in mailbox.outbox().await? {
+                let queued = message.queued_at.format("%Y-%m-%d %H:%M:%S");
+                println!("{queued}  to {}  {}\n\n{}\n", message.to, message.subject, message.body);
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `troupe serve` until SIGTERM or Ctrl-C; a second signal exits at once.

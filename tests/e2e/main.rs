@@ -5,6 +5,7 @@
 mod crash;
 mod daemon;
 mod demo;
+mod email;
 mod http_fetch;
 mod mcp;
 mod model;

@@ -1,0 +1,246 @@
+//! The mailbox against real SQLite files (import, full-text search, threads,
+//! drafts and the outbox) and the tools over it (arguments, errors, flags).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use chrono::{Duration, Local};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+use troupe_actors::protocol::RunId;
+use troupe_actors::testing::{ScriptedModel, text};
+use troupe_actors::tool::{Tool, ToolContext, ToolError};
+
+use super::*;
+use crate::email::mailbox::{Compose, SearchQuery};
+
+/// A fresh mailbox file in the temp dir, removed when dropped.
+struct TempMailbox {
+    mailbox: Arc<Mailbox>,
+    dir: PathBuf,
+}
+
+impl Drop for TempMailbox {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn temp_mailbox(seed_sample: bool) -> TempMailbox {
+    let dir = std::env::temp_dir().join(format!("troupe-mailbox-{}", uuid::Uuid::now_v7()));
+    let config = EmailConfig { seed_sample, ..EmailConfig::default() };
+    TempMailbox { mailbox: Arc::new(config.mailbox(&dir)), dir }
+}
+
+fn context(key: &str) -> ToolContext {
+    ToolContext {
+        run_id: RunId::new(),
+        turn: 1,
+        call_id: "c".into(),
+        idempotency_key: key.into(),
+        cancel: CancellationToken::new(),
+    }
+}
+
+fn query(text: &str) -> SearchQuery {
+    SearchQuery { text: text.into(), limit: 20, ..SearchQuery::default() }
+}
+
+fn ids(emails: &[mailbox::Email]) -> Vec<&str> {
+    emails.iter().map(|email| email.id.as_str()).collect()
+}
+
+#[tokio::test]
+async fn the_sample_is_seeded_on_first_use_and_searched_with_stemming() {
+    let temp = temp_mailbox(true);
+    assert!(!temp.mailbox.path().exists(), "nothing is opened before first use");
+    let found = temp.mailbox.search(&query("deliveries")).await.unwrap();
+    assert_eq!(temp.mailbox.count().await.unwrap(), 17);
+    assert!(ids(&found).contains(&"ship-lb55821@lumenbooks.example"), "{:?}", ids(&found));
+    assert!(!ids(&found).contains(&"parcel-fee-2291@secure-delivery-alerts.example"), "spam is hidden by default");
+    let spam = SearchQuery { folder: Some("spam".into()), ..query("delivery") };
+    assert_eq!(ids(&temp.mailbox.search(&spam).await.unwrap()), vec!["parcel-fee-2291@secure-delivery-alerts.example"]);
+    // An order number is one phrase; newest first.
+    let orders = temp.mailbox.search(&query("A-10482")).await.unwrap();
+    assert_eq!(ids(&orders), vec!["ship-a10482@northwind-shop.example", "order-a10482@northwind-shop.example"]);
+    // Importing the sample again adds nothing: ids are kept once.
+    assert_eq!(temp.mailbox.import_sample().await.unwrap(), 0);
+}
+
+#[tokio::test]
+async fn filters_narrow_by_sender_folder_and_local_day() {
+    let temp = temp_mailbox(true);
+    let today = Local::now().date_naive();
+    let todays = SearchQuery { date_from: Some(today), date_to: Some(today), ..query("") };
+    let found = temp.mailbox.search(&todays).await.unwrap();
+    assert_eq!(found.len(), 4, "{:?}", ids(&found));
+    assert!(found.iter().all(|email| email.date.date_naive() == today));
+    let yesterday =
+        SearchQuery { date_to: Some(today - Duration::days(1)), from: Some("NORTHWIND".into()), ..query("") };
+    let found = temp.mailbox.search(&yesterday).await.unwrap();
+    assert_eq!(ids(&found), vec!["ship-a10482@northwind-shop.example", "order-a10482@northwind-shop.example"]);
+    let sent = SearchQuery { folder: Some("sent".into()), ..query("") };
+    assert_eq!(ids(&temp.mailbox.search(&sent).await.unwrap()), vec!["quote-request@brightdesk.example"]);
+    let nothing = temp.mailbox.search(&query("the and of")).await.unwrap();
+    assert_eq!(nothing.len(), 15, "stop words alone match everything but spam, like an empty query");
+}
+
+#[tokio::test]
+async fn replies_join_the_thread_of_what_they_answer() {
+    let temp = temp_mailbox(true);
+    let thread = temp.mailbox.thread("quote-followup@lindqvist-metal.example").await.unwrap();
+    assert_eq!(
+        ids(&thread),
+        vec![
+            "quote-request@brightdesk.example",
+            "quote-reply@lindqvist-metal.example",
+            "quote-followup@lindqvist-metal.example"
+        ]
+    );
+    assert!(thread.iter().all(|email| email.thread_id == "quote-request@brightdesk.example"));
+    assert_eq!(temp.mailbox.thread("quote-request@brightdesk.example").await.unwrap().len(), 3, "by thread id too");
+    assert!(matches!(temp.mailbox.thread("nope@x").await, Err(MailboxError::UnknownEmail(_))));
+}
+
+#[tokio::test]
+async fn an_mbox_import_threads_by_references_across_files() {
+    let temp = temp_mailbox(false);
+    let first = "From a@x Thu May  1 10:00:00 2025\nMessage-ID: <one@x>\nFrom: A <a@x>\nSubject: plans\n\
+        Date: Thu, 01 May 2025 10:00:00 +0000\n\nLet us plan the launch.\n";
+    let second = "From b@x Thu May  1 11:00:00 2025\nMessage-ID: <two@x>\nFrom: B <b@x>\nSubject: Re: plans\n\
+        References: <one@x>\nDate: Thu, 01 May 2025 11:00:00 +0000\n\nThe launch is on.\n";
+    assert_eq!(temp.mailbox.import(first).await.unwrap(), 1);
+    assert_eq!(temp.mailbox.import(second).await.unwrap(), 1);
+    assert_eq!(temp.mailbox.count().await.unwrap(), 2, "an explicit import never seeds the sample");
+    assert_eq!(ids(&temp.mailbox.thread("two@x").await.unwrap()), vec!["one@x", "two@x"]);
+    assert_eq!(temp.mailbox.search(&query("launching")).await.unwrap().len(), 2);
+    assert!(matches!(temp.mailbox.import("{}").await, Err(MailboxError::Import(_))));
+}
+
+#[tokio::test]
+async fn drafts_and_the_outbox_write_once_per_idempotency_key() {
+    let temp = temp_mailbox(true);
+    let reply = Compose {
+        to: "daniel.okafor@mail.example".into(),
+        subject: "Re: your order".into(),
+        body: "We are sorry.".into(),
+        in_reply_to: Some("complaint-bd2291@mail.example".into()),
+        ..Compose::default()
+    };
+    let draft = temp.mailbox.create_draft(&reply, "run:1:0").await.unwrap();
+    assert_eq!(temp.mailbox.create_draft(&reply, "run:1:0").await.unwrap().id, draft.id, "a repeat is the same draft");
+    let sent = temp.mailbox.send(Some(draft.id), None, "run:2:0").await.unwrap();
+    assert_eq!(temp.mailbox.send(Some(draft.id), None, "run:2:0").await.unwrap(), sent, "a repeat is not resent");
+    assert_eq!(temp.mailbox.outbox().await.unwrap().len(), 1);
+    assert!(matches!(temp.mailbox.send(Some(draft.id), None, "run:3:0").await, Err(MailboxError::AlreadySent(_))));
+    assert!(matches!(temp.mailbox.send(Some(999), None, "run:4:0").await, Err(MailboxError::UnknownDraft(999))));
+    let thread = temp.mailbox.thread("complaint-bd2291@mail.example").await.unwrap();
+    assert_eq!(thread.len(), 2, "the sent copy joins the thread");
+    assert_eq!(thread[1].folder, "sent");
+    assert_eq!(temp.mailbox.draft(draft.id).await.unwrap().status, "sent");
+}
+
+fn tools(temp: &TempMailbox, model: ScriptedModel) -> Vec<Arc<dyn Tool>> {
+    email_tools(temp.mailbox.clone(), Arc::new(model))
+}
+
+fn tool<'a>(tools: &'a [Arc<dyn Tool>], name: &str) -> &'a Arc<dyn Tool> {
+    tools.iter().find(|tool| tool.name() == name).unwrap()
+}
+
+async fn call(tools: &[Arc<dyn Tool>], name: &str, args: Value) -> Result<Value, ToolError> {
+    tool(tools, name).call(context("run:1:0"), args).await.map(|output| output.value)
+}
+
+fn code(result: Result<Value, ToolError>) -> String {
+    match result {
+        Err(ToolError::Failed { code, .. }) => code,
+        Err(ToolError::InvalidArgs(_)) => "invalid_args".into(),
+        Ok(value) => panic!("expected a failure, got {value}"),
+    }
+}
+
+#[tokio::test]
+async fn reads_are_idempotent_writes_are_not_and_sending_needs_approval() {
+    let temp = temp_mailbox(false);
+    let tools = tools(&temp, ScriptedModel::queue(vec![]));
+    for tool in &tools {
+        let write = matches!(tool.name(), "create_draft" | "send_email");
+        assert_eq!(tool.idempotent(), !write, "{}", tool.name());
+        assert_eq!(tool.requires_approval(), tool.name() == "send_email", "{}", tool.name());
+    }
+}
+
+#[tokio::test]
+async fn bad_arguments_and_unknown_ids_are_typed_failures() {
+    let temp = temp_mailbox(true);
+    let tools = tools(&temp, ScriptedModel::queue(vec![]));
+    assert_eq!(code(call(&tools, "search_emails", json!({"date_from": "yesterday"})).await), "invalid_args");
+    let backwards = json!({"date_from": "2025-05-02", "date_to": "2025-05-01"});
+    assert_eq!(code(call(&tools, "search_emails", backwards).await), "invalid_args");
+    assert_eq!(code(call(&tools, "get_email_thread", json!({"email_id": "nope@x"})).await), "unknown_email");
+    assert_eq!(code(call(&tools, "extract_entities", json!({"email_id": "nope@x"})).await), "unknown_email");
+    assert_eq!(code(call(&tools, "extract_entities", json!({})).await), "invalid_args");
+    assert_eq!(code(call(&tools, "analyze_email_content", json!({"email_id": "nope@x"})).await), "unknown_email");
+    let no_address = json!({"to": "Daniel", "subject": "x", "body": "y"});
+    assert_eq!(code(call(&tools, "create_draft", no_address).await), "invalid_args");
+    let orphan = json!({"to": "a@b.example", "subject": "x", "body": "y", "in_reply_to": "nope@x"});
+    assert_eq!(code(call(&tools, "create_draft", orphan).await), "unknown_email");
+    assert_eq!(code(call(&tools, "send_email", json!({"draft_id": 41})).await), "unknown_draft");
+    assert_eq!(code(call(&tools, "send_email", json!({"draft_id": 1, "to": "a@b.example"})).await), "invalid_args");
+}
+
+#[tokio::test]
+async fn analysis_comes_from_the_model_or_else_from_the_rules() {
+    let temp = temp_mailbox(true);
+    let answer = r#"{"classification": "complaint", "sentiment": "negative", "urgency": "high", "confidence": 0.96,
+        "summary": "A second broken lamp; wants a refund.", "requested_action": "refund"}"#;
+    let tools = tools(&temp, ScriptedModel::queue(vec![text(answer), text("I cannot classify that.")]));
+    let complaint = json!({"email_id": "complaint-bd2291@mail.example"});
+    let analysis = call(&tools, "analyze_email_content", complaint.clone()).await.unwrap();
+    assert_eq!(
+        (analysis["classification"].as_str(), analysis["confidence"].as_f64(), analysis["method"].as_str()),
+        (Some("complaint"), Some(0.96), Some("model"))
+    );
+    let fallback = call(&tools, "analyze_email_content", complaint).await.unwrap();
+    assert_eq!((fallback["classification"].as_str(), fallback["method"].as_str()), (Some("complaint"), Some("rules")));
+    assert!(fallback["note"].as_str().unwrap().contains("not a usable analysis"), "{fallback}");
+}
+
+#[tokio::test]
+async fn the_offline_model_gets_the_deterministic_rule_based_analysis() {
+    let temp = temp_mailbox(true);
+    let tools = email_tools(temp.mailbox.clone(), Arc::new(crate::llm::offline::OfflineModel));
+    let spam = json!({"email_id": "parcel-fee-2291@secure-delivery-alerts.example"});
+    let first = call(&tools, "analyze_email_content", spam.clone()).await.unwrap();
+    assert_eq!(first["classification"], "spam");
+    assert_eq!(first["model"], "offline");
+    assert_eq!(call(&tools, "analyze_email_content", spam).await.unwrap(), first, "the same answer every time");
+}
+
+#[tokio::test]
+async fn search_results_are_citable_fragments_with_todays_date() {
+    let temp = temp_mailbox(true);
+    let tools = tools(&temp, ScriptedModel::queue(vec![]));
+    let output = tool(&tools, "search_emails").call(context("k"), json!({"query": "LB-55821"})).await.unwrap();
+    assert_eq!(output.value["today"], Local::now().format("%Y-%m-%d").to_string());
+    let fragment_ids: Vec<&str> = output.fragments.iter().map(|f| f.id.as_str()).collect();
+    assert_eq!(fragment_ids, vec!["ship-lb55821@lumenbooks.example", "order-lb55821@lumenbooks.example"]);
+    assert_eq!(output.fragments[1].source, "mailbox:inbox/order-lb55821@lumenbooks.example");
+    assert!(output.value["emails"][0].get("body").is_none(), "snippets unless bodies are asked for");
+}
+
+#[test]
+fn every_email_tool_has_a_complete_guide_entry() {
+    let guide = crate::tools::guide::parse(crate::tools::guide::DEFAULT_GUIDE);
+    let temp = temp_mailbox(false);
+    for tool in tools(&temp, ScriptedModel::queue(vec![])) {
+        let entry =
+            guide.get(tool.name()).unwrap_or_else(|| panic!("config/tools.md has no entry for {}", tool.name()));
+        for section in crate::tools::guide::SECTIONS {
+            assert!(entry.contains(section), "the entry for {} lacks {section}", tool.name());
+        }
+    }
+}

@@ -1,0 +1,373 @@
+//! The mailbox tools: `search_emails`, `get_email_thread` and `extract_entities`
+//! read (idempotent; their emails are citable fragments, numbered `[n]` in the
+//! order the run first sees them); `create_draft` and `send_email` write
+//! (not idempotent; `send_email` always waits for a human's approval). Bad
+//! arguments are `invalid_args`; unknown ids are `unknown_email`/`unknown_draft`.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use chrono::{Local, NaiveDate};
+use serde_json::{Value, json};
+use troupe_actors::protocol::Fragment;
+use troupe_actors::tool::{Tool, ToolContext, ToolError, ToolOutput};
+
+use crate::email::entities;
+use crate::email::mailbox::{Compose, Email, Mailbox, MailboxError, SearchQuery};
+
+/// Characters of a body shown in a search result unless bodies are asked for.
+const SNIPPET_CHARS: usize = 280;
+/// Longest body or text accepted by the writing tools and `extract_entities`.
+const MAX_TEXT: usize = 64 * 1024;
+
+/// The failure the model sees for a mailbox error.
+pub fn tool_error(error: MailboxError) -> ToolError {
+    let code = match &error {
+        MailboxError::UnknownEmail(_) => "unknown_email",
+        MailboxError::UnknownDraft(_) => "unknown_draft",
+        MailboxError::AlreadySent(_) => "already_sent",
+        MailboxError::Database(_) | MailboxError::Import(_) => "mailbox_unavailable",
+    };
+    ToolError::failed(code, error.to_string())
+}
+
+/// An email as a citable document.
+pub fn fragment(email: &Email) -> Fragment {
+    Fragment {
+        id: email.id.clone(),
+        source: format!("mailbox:{}/{}", email.folder, email.id),
+        title: email.subject.clone(),
+        snippet: format!("From {}, {}: {}", email.from, email.date.format("%Y-%m-%d %H:%M"), snippet(&email.body, 160)),
+    }
+}
+
+/// The first `chars` characters of `text`, whitespace collapsed.
+fn snippet(text: &str, chars: usize) -> String {
+    let collapsed = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    match collapsed.char_indices().nth(chars) {
+        Some((at, _)) => format!("{}…", &collapsed[..at]),
+        None => collapsed,
+    }
+}
+
+/// An email as the model reads it; with the whole body or a snippet.
+fn email_json(email: &Email, full_body: bool) -> Value {
+    let mut value = json!({
+        "id": email.id,
+        "thread_id": email.thread_id,
+        "folder": email.folder,
+        "from": email.from,
+        "to": email.to,
+        "date": email.date.format("%Y-%m-%d %H:%M %:z").to_string(),
+        "subject": email.subject,
+    });
+    if full_body {
+        value["body"] = json!(email.body);
+    } else {
+        value["snippet"] = json!(snippet(&email.body, SNIPPET_CHARS));
+    }
+    value
+}
+
+fn string_arg<'a>(args: &'a Value, key: &str) -> Option<&'a str> {
+    args.get(key).and_then(Value::as_str).map(str::trim).filter(|text| !text.is_empty())
+}
+
+fn date_arg(args: &Value, key: &str) -> Result<Option<NaiveDate>, ToolError> {
+    string_arg(args, key)
+        .map(|text| {
+            NaiveDate::parse_from_str(text, "%Y-%m-%d")
+                .map_err(|_| ToolError::InvalidArgs(format!("{key} must be a date as YYYY-MM-DD, not {text:?}")))
+        })
+        .transpose()
+}
+
+/// `search_emails`: full-text search with filters.
+pub struct SearchEmails {
+    /// The mailbox.
+    pub mailbox: Arc<Mailbox>,
+}
+
+#[async_trait]
+impl Tool for SearchEmails {
+    fn name(&self) -> &str {
+        "search_emails"
+    }
+
+    fn description(&self) -> &str {
+        "Searches the mailbox by words (any of them; stemmed) and filters: sender, recipient, folder, date range. \
+         Newest first. Returns each email's id, thread, sender, date, subject and a snippet (or the body), and \
+         today's date."
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "query": {"type": "string", "maxLength": 500, "description": "Words to find, e.g. \"delivery tracking\" or an order number; empty for every email the filters allow"},
+                "from": {"type": "string", "description": "Only emails whose sender contains this (name or address)"},
+                "to": {"type": "string", "description": "Only emails whose recipients contain this"},
+                "folder": {"type": "string", "description": "inbox, sent, spam, trash, or all; default: every folder but spam and trash"},
+                "date_from": {"type": "string", "description": "Sent on or after this day, YYYY-MM-DD"},
+                "date_to": {"type": "string", "description": "Sent on or before this day, YYYY-MM-DD"},
+                "sort": {"type": "string", "enum": ["date", "relevance"], "description": "Newest first (default) or best match first"},
+                "include_body": {"type": "boolean", "description": "Whole bodies instead of snippets (default false)"},
+                "limit": {"type": "integer", "minimum": 1, "maximum": 50, "description": "At most this many (default 10)"}
+            },
+            "additionalProperties": false
+        })
+    }
+
+    fn idempotent(&self) -> bool {
+        true
+    }
+
+    fn describe_start(&self, args: &Value) -> String {
+        match string_arg(args, "query") {
+            Some(query) => format!("Searching emails for '{query}'"),
+            None => "Listing emails".to_owned(),
+        }
+    }
+
+    async fn call(&self, _context: ToolContext, args: Value) -> Result<ToolOutput, ToolError> {
+        let query = SearchQuery {
+            text: string_arg(&args, "query").unwrap_or_default().to_owned(),
+            from: string_arg(&args, "from").map(str::to_owned),
+            to: string_arg(&args, "to").map(str::to_owned),
+            folder: string_arg(&args, "folder").map(str::to_owned),
+            date_from: date_arg(&args, "date_from")?,
+            date_to: date_arg(&args, "date_to")?,
+            by_relevance: string_arg(&args, "sort") == Some("relevance"),
+            limit: args.get("limit").and_then(Value::as_u64).unwrap_or(10).clamp(1, 50) as u32,
+        };
+        if let (Some(from), Some(to)) = (query.date_from, query.date_to)
+            && from > to
+        {
+            return Err(ToolError::InvalidArgs(format!("date_from {from} is after date_to {to}")));
+        }
+        let full_body = args.get("include_body").and_then(Value::as_bool).unwrap_or(false);
+        let emails = self.mailbox.search(&query).await.map_err(tool_error)?;
+        let value = json!({
+            "today": Local::now().format("%Y-%m-%d").to_string(),
+            "count": emails.len(),
+            "emails": emails.iter().map(|email| email_json(email, full_body)).collect::<Vec<_>>(),
+        });
+        Ok(ToolOutput { value, fragments: emails.iter().map(fragment).collect(), cost_usd: 0.0 })
+    }
+}
+
+/// `get_email_thread`: an email's whole conversation, with bodies.
+pub struct GetEmailThread {
+    /// The mailbox.
+    pub mailbox: Arc<Mailbox>,
+}
+
+#[async_trait]
+impl Tool for GetEmailThread {
+    fn name(&self) -> &str {
+        "get_email_thread"
+    }
+
+    fn description(&self) -> &str {
+        "Reads an email and its whole thread (every message, oldest first, with full bodies), given an email id or a thread id."
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {"email_id": {"type": "string", "minLength": 1, "description": "An email id or thread id from search_emails"}},
+            "required": ["email_id"],
+            "additionalProperties": false
+        })
+    }
+
+    fn idempotent(&self) -> bool {
+        true
+    }
+
+    fn describe_start(&self, args: &Value) -> String {
+        format!("Reading the thread of {}", string_arg(args, "email_id").unwrap_or("an email"))
+    }
+
+    async fn call(&self, _context: ToolContext, args: Value) -> Result<ToolOutput, ToolError> {
+        let id = string_arg(&args, "email_id").ok_or_else(|| ToolError::InvalidArgs("email_id is empty".to_owned()))?;
+        let thread = self.mailbox.thread(crate::email::mime::strip_brackets(id)).await.map_err(tool_error)?;
+        let value = json!({
+            "thread_id": thread[0].thread_id,
+            "subject": thread[0].subject,
+            "count": thread.len(),
+            "messages": thread.iter().map(|email| email_json(email, true)).collect::<Vec<_>>(),
+        });
+        Ok(ToolOutput { value, fragments: thread.iter().map(fragment).collect(), cost_usd: 0.0 })
+    }
+}
+
+/// `extract_entities`: deterministic entities of an email or a text.
+pub struct ExtractEntities {
+    /// The mailbox.
+    pub mailbox: Arc<Mailbox>,
+}
+
+#[async_trait]
+impl Tool for ExtractEntities {
+    fn name(&self) -> &str {
+        "extract_entities"
+    }
+
+    fn description(&self) -> &str {
+        "Finds tracking numbers (with carrier), order numbers, amounts with currency, dates (as YYYY-MM-DD), phone \
+         numbers, email addresses and URLs in an email (by id) or a text. Exact and deterministic."
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "email_id": {"type": "string", "minLength": 1, "description": "An email id from search_emails"},
+                "text": {"type": "string", "maxLength": MAX_TEXT, "description": "A text, instead of an email"}
+            },
+            "additionalProperties": false
+        })
+    }
+
+    fn idempotent(&self) -> bool {
+        true
+    }
+
+    fn describe_start(&self, args: &Value) -> String {
+        match string_arg(args, "email_id") {
+            Some(id) => format!("Extracting entities from {id}"),
+            None => "Extracting entities from a text".to_owned(),
+        }
+    }
+
+    async fn call(&self, _context: ToolContext, args: Value) -> Result<ToolOutput, ToolError> {
+        match (string_arg(&args, "email_id"), args.get("text").and_then(Value::as_str)) {
+            (Some(id), None) => {
+                let email = self.mailbox.get(crate::email::mime::strip_brackets(id)).await.map_err(tool_error)?;
+                let found = entities::extract(&format!("{}\n{}", email.subject, email.body));
+                let value = json!({"email_id": email.id, "subject": email.subject, "entities": found});
+                Ok(ToolOutput { value, fragments: vec![fragment(&email)], cost_usd: 0.0 })
+            }
+            (None, Some(text)) => Ok(ToolOutput::value(json!({"entities": entities::extract(text)}))),
+            _ => Err(ToolError::InvalidArgs("give exactly one of email_id and text".to_owned())),
+        }
+    }
+}
+
+/// The message a writing tool was asked to compose.
+fn compose(args: &Value, need_recipient: bool) -> Result<Compose, ToolError> {
+    let text = |key: &str| args.get(key).and_then(Value::as_str).unwrap_or_default().trim().to_owned();
+    let message = Compose {
+        to: text("to"),
+        cc: text("cc"),
+        subject: text("subject"),
+        body: args.get("body").and_then(Value::as_str).unwrap_or_default().to_owned(),
+        in_reply_to: string_arg(args, "in_reply_to").map(|id| crate::email::mime::strip_brackets(id).to_owned()),
+    };
+    if need_recipient && !message.to.contains('@') {
+        return Err(ToolError::InvalidArgs(format!("to must name at least one email address, not {:?}", message.to)));
+    }
+    if message.body.trim().is_empty() {
+        return Err(ToolError::InvalidArgs("body is empty".to_owned()));
+    }
+    Ok(message)
+}
+
+fn compose_properties() -> Value {
+    json!({
+        "to": {"type": "string", "minLength": 3, "description": "Recipients, comma-separated"},
+        "cc": {"type": "string", "description": "Copy recipients, comma-separated"},
+        "subject": {"type": "string", "maxLength": 300},
+        "body": {"type": "string", "minLength": 1, "maxLength": MAX_TEXT},
+        "in_reply_to": {"type": "string", "description": "The id of the email this answers; the reply joins its thread"}
+    })
+}
+
+/// `create_draft`: stores a draft for later sending.
+pub struct CreateDraft {
+    /// The mailbox.
+    pub mailbox: Arc<Mailbox>,
+}
+
+#[async_trait]
+impl Tool for CreateDraft {
+    fn name(&self) -> &str {
+        "create_draft"
+    }
+
+    fn description(&self) -> &str {
+        "Saves an email draft (recipients, subject, body, optionally the email it answers). Nothing is sent; \
+         send_email sends a draft by its id."
+    }
+
+    fn parameters(&self) -> Value {
+        json!({"type": "object", "properties": compose_properties(), "required": ["to", "subject", "body"], "additionalProperties": false})
+    }
+
+    fn describe_start(&self, args: &Value) -> String {
+        format!("Drafting an email to {}", string_arg(args, "to").unwrap_or("someone"))
+    }
+
+    async fn call(&self, context: ToolContext, args: Value) -> Result<ToolOutput, ToolError> {
+        let message = compose(&args, true)?;
+        let draft = self.mailbox.create_draft(&message, &context.idempotency_key).await.map_err(tool_error)?;
+        Ok(ToolOutput::value(
+            json!({"draft_id": draft.id, "status": draft.status, "to": draft.to, "subject": draft.subject}),
+        ))
+    }
+}
+
+/// `send_email`: queues a draft (or a message given in full) in the outbox. Every
+/// call waits for a human's approval.
+pub struct SendEmail {
+    /// The mailbox.
+    pub mailbox: Arc<Mailbox>,
+}
+
+#[async_trait]
+impl Tool for SendEmail {
+    fn name(&self) -> &str {
+        "send_email"
+    }
+
+    fn description(&self) -> &str {
+        "Sends an email: a draft by draft_id, or a message given in full. Every call waits for a human to approve \
+         it; a rejection comes back with the human's reason."
+    }
+
+    fn parameters(&self) -> Value {
+        let mut properties = compose_properties();
+        properties["draft_id"] = json!({"type": "integer", "minimum": 1, "description": "A draft from create_draft"});
+        json!({"type": "object", "properties": properties, "additionalProperties": false})
+    }
+
+    fn requires_approval(&self) -> bool {
+        true
+    }
+
+    fn describe_start(&self, args: &Value) -> String {
+        match args.get("draft_id").and_then(Value::as_i64) {
+            Some(id) => format!("Sending draft {id}"),
+            None => format!("Sending an email to {}", string_arg(args, "to").unwrap_or("someone")),
+        }
+    }
+
+    async fn call(&self, context: ToolContext, args: Value) -> Result<ToolOutput, ToolError> {
+        let draft_id = args.get("draft_id").and_then(Value::as_i64);
+        let composed = ["to", "subject", "body", "cc", "in_reply_to"].iter().any(|key| args.get(*key).is_some());
+        let message = match (draft_id, composed) {
+            (Some(_), false) => None,
+            (None, true) => Some(compose(&args, true)?),
+            _ => return Err(ToolError::InvalidArgs("give either draft_id or to, subject and body".to_owned())),
+        };
+        let sent = self.mailbox.send(draft_id, message, &context.idempotency_key).await.map_err(tool_error)?;
+        Ok(ToolOutput::value(json!({
+            "status": "queued",
+            "outbox_id": sent.id,
+            "message_id": sent.message_id,
+            "to": sent.to,
+            "subject": sent.subject,
+        })))
+    }
+}
