@@ -65,6 +65,11 @@ pub enum SessionMsg {
     },
     /// A tool call ended.
     ToolDone(Box<ToolResult>),
+    /// A sub-run ended having spent `usage`; the caller's budget pays for it.
+    SubRunSpent {
+        /// What the sub-run spent.
+        usage: Usage,
+    },
     /// The reviewer's verdict on a turn.
     Reviewed {
         /// The turn.
@@ -285,6 +290,13 @@ impl Session {
                 self.on_model_done(&myself, live, turn, result, elapsed).await
             }
             SessionMsg::ToolDone(result) => self.on_tool_done(&myself, live, *result).await,
+            SessionMsg::SubRunSpent { usage } => {
+                let turn = live.run.turn;
+                live.run.usage.add(&usage);
+                live.outbox.emit(EventKind::TokenUsage { turn, usage, total: live.run.usage });
+                live.outbox.write(StoreWrite::Progress { turn, usage: live.run.usage });
+                Ok(())
+            }
             SessionMsg::Reviewed { turn, review } => self.on_reviewed(&myself, live, turn, review).await,
             SessionMsg::Input { input: RunInput::Text(text), reply } => self.on_input(&myself, live, text, reply).await,
             SessionMsg::Input { input: RunInput::Approval { call_id, approved, reason }, reply } => {

@@ -204,7 +204,12 @@ impl Watcher {
             }
             return;
         }
-        let outcome = match self.shared.store.get_run(self.child).await {
+        let child = self.shared.store.get_run(self.child).await;
+        if let Ok(Some(run)) = &child {
+            // The caller pays for its sub-run: its budget bounds the whole tree.
+            let _ = self.session.cast(SessionMsg::SubRunSpent { usage: run.usage });
+        }
+        let outcome = match child {
             Ok(Some(run)) if run.status == RunStatus::Succeeded => {
                 let answer = run.final_output.unwrap_or_default();
                 ToolOutcome::Ok { value: Value::String(answer), fragments: Vec::new() }

@@ -74,6 +74,17 @@ async fn a_sub_run_answers_the_caller_with_its_own_reviewed_run() {
     assert!(child_events.iter().all(|e| e.parent_run_id == Some(boss)), "sub-run events name their caller");
     assert!(child_events.iter().any(|e| matches!(e.kind, EventKind::Review { .. })), "the sub-run is reviewed");
     assert_eq!(team.helper.request_count(), 1);
+    // The caller's usage includes what its sub-run spent.
+    let spent = team.runtime.get(boss).await.unwrap().unwrap().usage.total_tokens();
+    let own: u64 = events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::TokenUsage { usage, .. } => Some(usage.total_tokens()),
+            _ => None,
+        })
+        .sum();
+    assert!(child.usage.total_tokens() > 0 && spent == own, "{spent} vs {own}");
+    assert_eq!(spent, 3 * child.usage.total_tokens(), "the caller's two model calls plus the sub-run's one");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
