@@ -8,12 +8,15 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use chrono::{Local, NaiveDate};
+use schemars::JsonSchema;
+use serde::Deserialize;
 use serde_json::{Value, json};
 use troupe_actors::protocol::Fragment;
 use troupe_actors::tool::{Tool, ToolContext, ToolError, ToolOutput};
 
 use crate::email::entities;
 use crate::email::mailbox::{Compose, Email, Mailbox, MailboxError, SearchQuery};
+use crate::tools::{parse_args, schema_of};
 
 /// Characters of a body shown in a search result unless bodies are asked for.
 const SNIPPET_CHARS: usize = 280;
@@ -73,13 +76,133 @@ fn string_arg<'a>(args: &'a Value, key: &str) -> Option<&'a str> {
     args.get(key).and_then(Value::as_str).map(str::trim).filter(|text| !text.is_empty())
 }
 
-fn date_arg(args: &Value, key: &str) -> Result<Option<NaiveDate>, ToolError> {
-    string_arg(args, key)
+/// A text argument trimmed, `None` when left out or blank.
+fn present(text: &Option<String>) -> Option<&str> {
+    text.as_deref().map(str::trim).filter(|text| !text.is_empty())
+}
+
+fn date_arg(text: &Option<String>, key: &str) -> Result<Option<NaiveDate>, ToolError> {
+    present(text)
         .map(|text| {
             NaiveDate::parse_from_str(text, "%Y-%m-%d")
                 .map_err(|_| ToolError::InvalidArgs(format!("{key} must be a date as YYYY-MM-DD, not {text:?}")))
         })
         .transpose()
+}
+
+/// The order of search results.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+enum SortOrder {
+    /// Newest first.
+    Date,
+    /// Best match first.
+    Relevance,
+}
+
+/// Arguments of `search_emails`.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct SearchArgs {
+    /// Words to find, e.g. "delivery tracking" or an order number; empty for every email the filters allow.
+    #[serde(default)]
+    #[schemars(length(max = 500))]
+    query: Option<String>,
+    /// Only emails whose sender contains this (name or address).
+    #[serde(default)]
+    from: Option<String>,
+    /// Only emails whose recipients contain this.
+    #[serde(default)]
+    to: Option<String>,
+    /// inbox, sent, spam, trash, or all; default: every folder but spam and trash.
+    #[serde(default)]
+    folder: Option<String>,
+    /// Sent on or after this day, YYYY-MM-DD.
+    #[serde(default)]
+    date_from: Option<String>,
+    /// Sent on or before this day, YYYY-MM-DD.
+    #[serde(default)]
+    date_to: Option<String>,
+    /// Newest first (date, the default) or best match first (relevance).
+    #[serde(default)]
+    sort: Option<SortOrder>,
+    /// Whole bodies instead of snippets (default false).
+    #[serde(default)]
+    include_body: Option<bool>,
+    /// At most this many (default 10).
+    #[serde(default)]
+    #[schemars(range(min = 1, max = 50))]
+    limit: Option<u32>,
+}
+
+/// Arguments of `get_email_thread`.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct ThreadArgs {
+    /// An email id or thread id from search_emails.
+    #[schemars(length(min = 1))]
+    email_id: String,
+}
+
+/// Arguments of `extract_entities`: exactly one of the two.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct EntitiesArgs {
+    /// An email id from search_emails.
+    #[serde(default)]
+    email_id: Option<String>,
+    /// A text, instead of an email.
+    #[serde(default)]
+    #[schemars(length(max = MAX_TEXT))]
+    text: Option<String>,
+}
+
+/// The message of `create_draft`, and of `send_email` without a draft.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct DraftArgs {
+    /// Recipients, comma-separated.
+    #[schemars(length(min = 3))]
+    to: String,
+    /// Copy recipients, comma-separated.
+    #[serde(default)]
+    cc: Option<String>,
+    /// The subject.
+    #[schemars(length(max = 300))]
+    subject: String,
+    /// The body.
+    #[schemars(length(min = 1, max = MAX_TEXT))]
+    body: String,
+    /// The id of the email this answers; the reply joins its thread.
+    #[serde(default)]
+    in_reply_to: Option<String>,
+}
+
+/// Arguments of `send_email`: a draft by id, or a message given in full.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct SendArgs {
+    /// A draft from create_draft.
+    #[serde(default)]
+    #[schemars(range(min = 1))]
+    draft_id: Option<i64>,
+    /// Recipients, comma-separated.
+    #[serde(default)]
+    to: Option<String>,
+    /// Copy recipients, comma-separated.
+    #[serde(default)]
+    cc: Option<String>,
+    /// The subject.
+    #[serde(default)]
+    #[schemars(length(max = 300))]
+    subject: Option<String>,
+    /// The body.
+    #[serde(default)]
+    #[schemars(length(max = MAX_TEXT))]
+    body: Option<String>,
+    /// The id of the email this answers; the reply joins its thread.
+    #[serde(default)]
+    in_reply_to: Option<String>,
 }
 
 /// `search_emails`: full-text search with filters.
@@ -101,21 +224,7 @@ impl Tool for SearchEmails {
     }
 
     fn parameters(&self) -> Value {
-        json!({
-            "type": "object",
-            "properties": {
-                "query": {"type": "string", "maxLength": 500, "description": "Words to find, e.g. \"delivery tracking\" or an order number; empty for every email the filters allow"},
-                "from": {"type": "string", "description": "Only emails whose sender contains this (name or address)"},
-                "to": {"type": "string", "description": "Only emails whose recipients contain this"},
-                "folder": {"type": "string", "description": "inbox, sent, spam, trash, or all; default: every folder but spam and trash"},
-                "date_from": {"type": "string", "description": "Sent on or after this day, YYYY-MM-DD"},
-                "date_to": {"type": "string", "description": "Sent on or before this day, YYYY-MM-DD"},
-                "sort": {"type": "string", "enum": ["date", "relevance"], "description": "Newest first (default) or best match first"},
-                "include_body": {"type": "boolean", "description": "Whole bodies instead of snippets (default false)"},
-                "limit": {"type": "integer", "minimum": 1, "maximum": 50, "description": "At most this many (default 10)"}
-            },
-            "additionalProperties": false
-        })
+        schema_of::<SearchArgs>()
     }
 
     fn idempotent(&self) -> bool {
@@ -130,22 +239,23 @@ impl Tool for SearchEmails {
     }
 
     async fn call(&self, _context: ToolContext, args: Value) -> Result<ToolOutput, ToolError> {
+        let args: SearchArgs = parse_args(args)?;
         let query = SearchQuery {
-            text: string_arg(&args, "query").unwrap_or_default().to_owned(),
-            from: string_arg(&args, "from").map(str::to_owned),
-            to: string_arg(&args, "to").map(str::to_owned),
-            folder: string_arg(&args, "folder").map(str::to_owned),
-            date_from: date_arg(&args, "date_from")?,
-            date_to: date_arg(&args, "date_to")?,
-            by_relevance: string_arg(&args, "sort") == Some("relevance"),
-            limit: args.get("limit").and_then(Value::as_u64).unwrap_or(10).clamp(1, 50) as u32,
+            text: present(&args.query).unwrap_or_default().to_owned(),
+            from: present(&args.from).map(str::to_owned),
+            to: present(&args.to).map(str::to_owned),
+            folder: present(&args.folder).map(str::to_owned),
+            date_from: date_arg(&args.date_from, "date_from")?,
+            date_to: date_arg(&args.date_to, "date_to")?,
+            by_relevance: args.sort == Some(SortOrder::Relevance),
+            limit: args.limit.unwrap_or(10).clamp(1, 50),
         };
         if let (Some(from), Some(to)) = (query.date_from, query.date_to)
             && from > to
         {
             return Err(ToolError::InvalidArgs(format!("date_from {from} is after date_to {to}")));
         }
-        let full_body = args.get("include_body").and_then(Value::as_bool).unwrap_or(false);
+        let full_body = args.include_body.unwrap_or(false);
         let emails = self.mailbox.search(&query).await.map_err(tool_error)?;
         let value = json!({
             "today": Local::now().format("%Y-%m-%d").to_string(),
@@ -173,12 +283,7 @@ impl Tool for GetEmailThread {
     }
 
     fn parameters(&self) -> Value {
-        json!({
-            "type": "object",
-            "properties": {"email_id": {"type": "string", "minLength": 1, "description": "An email id or thread id from search_emails"}},
-            "required": ["email_id"],
-            "additionalProperties": false
-        })
+        schema_of::<ThreadArgs>()
     }
 
     fn idempotent(&self) -> bool {
@@ -190,7 +295,11 @@ impl Tool for GetEmailThread {
     }
 
     async fn call(&self, _context: ToolContext, args: Value) -> Result<ToolOutput, ToolError> {
-        let id = string_arg(&args, "email_id").ok_or_else(|| ToolError::InvalidArgs("email_id is empty".to_owned()))?;
+        let args: ThreadArgs = parse_args(args)?;
+        let id = args.email_id.trim();
+        if id.is_empty() {
+            return Err(ToolError::InvalidArgs("email_id is empty".to_owned()));
+        }
         let thread = self.mailbox.thread(crate::email::mime::strip_brackets(id)).await.map_err(tool_error)?;
         let value = json!({
             "thread_id": thread[0].thread_id,
@@ -220,14 +329,7 @@ impl Tool for ExtractEntities {
     }
 
     fn parameters(&self) -> Value {
-        json!({
-            "type": "object",
-            "properties": {
-                "email_id": {"type": "string", "minLength": 1, "description": "An email id from search_emails"},
-                "text": {"type": "string", "maxLength": MAX_TEXT, "description": "A text, instead of an email"}
-            },
-            "additionalProperties": false
-        })
+        schema_of::<EntitiesArgs>()
     }
 
     fn idempotent(&self) -> bool {
@@ -242,7 +344,8 @@ impl Tool for ExtractEntities {
     }
 
     async fn call(&self, _context: ToolContext, args: Value) -> Result<ToolOutput, ToolError> {
-        match (string_arg(&args, "email_id"), args.get("text").and_then(Value::as_str)) {
+        let args: EntitiesArgs = parse_args(args)?;
+        match (present(&args.email_id), args.text.as_deref()) {
             (Some(id), None) => {
                 let email = self.mailbox.get(crate::email::mime::strip_brackets(id)).await.map_err(tool_error)?;
                 let found = entities::extract(&format!("{}\n{}", email.subject, email.body));
@@ -256,14 +359,13 @@ impl Tool for ExtractEntities {
 }
 
 /// The message a writing tool was asked to compose.
-fn compose(args: &Value, need_recipient: bool) -> Result<Compose, ToolError> {
-    let text = |key: &str| args.get(key).and_then(Value::as_str).unwrap_or_default().trim().to_owned();
+fn compose(args: DraftArgs, need_recipient: bool) -> Result<Compose, ToolError> {
     let message = Compose {
-        to: text("to"),
-        cc: text("cc"),
-        subject: text("subject"),
-        body: args.get("body").and_then(Value::as_str).unwrap_or_default().to_owned(),
-        in_reply_to: string_arg(args, "in_reply_to").map(|id| crate::email::mime::strip_brackets(id).to_owned()),
+        to: args.to.trim().to_owned(),
+        cc: present(&args.cc).unwrap_or_default().to_owned(),
+        subject: args.subject.trim().to_owned(),
+        in_reply_to: present(&args.in_reply_to).map(|id| crate::email::mime::strip_brackets(id).to_owned()),
+        body: args.body,
     };
     if need_recipient && !message.to.contains('@') {
         return Err(ToolError::InvalidArgs(format!("to must name at least one email address, not {:?}", message.to)));
@@ -272,16 +374,6 @@ fn compose(args: &Value, need_recipient: bool) -> Result<Compose, ToolError> {
         return Err(ToolError::InvalidArgs("body is empty".to_owned()));
     }
     Ok(message)
-}
-
-fn compose_properties() -> Value {
-    json!({
-        "to": {"type": "string", "minLength": 3, "description": "Recipients, comma-separated"},
-        "cc": {"type": "string", "description": "Copy recipients, comma-separated"},
-        "subject": {"type": "string", "maxLength": 300},
-        "body": {"type": "string", "minLength": 1, "maxLength": MAX_TEXT},
-        "in_reply_to": {"type": "string", "description": "The id of the email this answers; the reply joins its thread"}
-    })
 }
 
 /// `create_draft`: stores a draft for later sending.
@@ -302,7 +394,7 @@ impl Tool for CreateDraft {
     }
 
     fn parameters(&self) -> Value {
-        json!({"type": "object", "properties": compose_properties(), "required": ["to", "subject", "body"], "additionalProperties": false})
+        schema_of::<DraftArgs>()
     }
 
     fn describe_start(&self, args: &Value) -> String {
@@ -310,7 +402,7 @@ impl Tool for CreateDraft {
     }
 
     async fn call(&self, context: ToolContext, args: Value) -> Result<ToolOutput, ToolError> {
-        let message = compose(&args, true)?;
+        let message = compose(parse_args(args)?, true)?;
         let draft = self.mailbox.create_draft(&message, &context.idempotency_key).await.map_err(tool_error)?;
         Ok(ToolOutput::value(
             json!({"draft_id": draft.id, "status": draft.status, "to": draft.to, "subject": draft.subject}),
@@ -337,9 +429,7 @@ impl Tool for SendEmail {
     }
 
     fn parameters(&self) -> Value {
-        let mut properties = compose_properties();
-        properties["draft_id"] = json!({"type": "integer", "minimum": 1, "description": "A draft from create_draft"});
-        json!({"type": "object", "properties": properties, "additionalProperties": false})
+        schema_of::<SendArgs>()
     }
 
     fn requires_approval(&self) -> bool {
@@ -354,11 +444,25 @@ impl Tool for SendEmail {
     }
 
     async fn call(&self, context: ToolContext, args: Value) -> Result<ToolOutput, ToolError> {
-        let draft_id = args.get("draft_id").and_then(Value::as_i64);
-        let composed = ["to", "subject", "body", "cc", "in_reply_to"].iter().any(|key| args.get(*key).is_some());
+        let args: SendArgs = parse_args(args)?;
+        let draft_id = args.draft_id;
+        let composed = args.to.is_some()
+            || args.subject.is_some()
+            || args.body.is_some()
+            || args.cc.is_some()
+            || args.in_reply_to.is_some();
         let message = match (draft_id, composed) {
             (Some(_), false) => None,
-            (None, true) => Some(compose(&args, true)?),
+            (None, true) => {
+                let draft = DraftArgs {
+                    to: args.to.unwrap_or_default(),
+                    cc: args.cc,
+                    subject: args.subject.unwrap_or_default(),
+                    body: args.body.unwrap_or_default(),
+                    in_reply_to: args.in_reply_to,
+                };
+                Some(compose(draft, true)?)
+            }
             _ => return Err(ToolError::InvalidArgs("give either draft_id or to, subject and body".to_owned())),
         };
         let sent = self.mailbox.send(draft_id, message, &context.idempotency_key).await.map_err(tool_error)?;
