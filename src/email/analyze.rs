@@ -64,14 +64,7 @@ impl Tool for AnalyzeEmailContent {
     }
 
     fn parameters(&self) -> Value {
-        json!({
-            "type": "object",
-            "properties": {
-                "email_id": {"type": "string", "minLength": 1, "description": "An email id from search_emails"},
-                "text": {"type": "string", "maxLength": 65536, "description": "A text, instead of an email"}
-            },
-            "additionalProperties": false
-        })
+        crate::tools::schema_of::<super::tools::EmailOrText>()
     }
 
     fn idempotent(&self) -> bool {
@@ -86,8 +79,9 @@ impl Tool for AnalyzeEmailContent {
     }
 
     async fn call(&self, _context: ToolContext, args: Value) -> Result<ToolOutput, ToolError> {
-        let email_id = args.get("email_id").and_then(Value::as_str).map(str::trim).filter(|id| !id.is_empty());
-        let (text, folder, email) = match (email_id, args.get("text").and_then(Value::as_str)) {
+        let args: super::tools::EmailOrText = crate::tools::parse_args(args)?;
+        let email_id = args.email_id.as_deref().map(str::trim).filter(|id| !id.is_empty());
+        let (text, folder, email) = match (email_id, args.text.as_deref()) {
             (Some(id), None) => {
                 let email = self.mailbox.get(crate::email::mime::strip_brackets(id)).await.map_err(tool_error)?;
                 let text =

@@ -144,17 +144,18 @@ struct ThreadArgs {
     email_id: String,
 }
 
-/// Arguments of `extract_entities`: exactly one of the two.
+/// Arguments of `extract_entities` and `analyze_email_content`: exactly one of
+/// the two.
 #[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct EntitiesArgs {
+pub(super) struct EmailOrText {
     /// An email id from search_emails.
     #[serde(default)]
-    email_id: Option<String>,
+    pub email_id: Option<String>,
     /// A text, instead of an email.
     #[serde(default)]
     #[schemars(length(max = MAX_TEXT))]
-    text: Option<String>,
+    pub text: Option<String>,
 }
 
 /// The message of `create_draft`, and of `send_email` without a draft.
@@ -329,7 +330,7 @@ impl Tool for ExtractEntities {
     }
 
     fn parameters(&self) -> Value {
-        schema_of::<EntitiesArgs>()
+        schema_of::<EmailOrText>()
     }
 
     fn idempotent(&self) -> bool {
@@ -344,7 +345,7 @@ impl Tool for ExtractEntities {
     }
 
     async fn call(&self, _context: ToolContext, args: Value) -> Result<ToolOutput, ToolError> {
-        let args: EntitiesArgs = parse_args(args)?;
+        let args: EmailOrText = parse_args(args)?;
         match (present(&args.email_id), args.text.as_deref()) {
             (Some(id), None) => {
                 let email = self.mailbox.get(crate::email::mime::strip_brackets(id)).await.map_err(tool_error)?;

@@ -73,6 +73,37 @@ const ALLOWED_HEADERS: &[&str] =
 /// Longest URL accepted, in bytes.
 const MAX_URL: usize = 4096;
 
+/// The tool's arguments.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct FetchArgs {
+    /// The http or https URL.
+    #[schemars(length(min = 1, max = MAX_URL))]
+    url: String,
+    /// GET (the default) or POST.
+    #[serde(default)]
+    method: Option<FetchMethod>,
+    /// Request headers; only accept, accept-language, content-type, cache-control, if-none-match and
+    /// if-modified-since are accepted.
+    #[serde(default)]
+    #[schemars(extend("maxProperties" = 6))]
+    headers: Option<std::collections::BTreeMap<String, String>>,
+    /// The request body, POST only.
+    #[serde(default)]
+    body: Option<String>,
+}
+
+/// The methods the tool sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+enum FetchMethod {
+    /// Read.
+    #[serde(rename = "GET")]
+    Get,
+    /// Send a body.
+    #[serde(rename = "POST")]
+    Post,
+}
+
 /// Characters of the body quoted in the result's citation fragment.
 const SNIPPET_CHARS: usize = 280;
 
@@ -119,7 +150,8 @@ impl HttpFetch {
 
     /// The request the arguments describe, checked.
     fn request(&self, args: &Value) -> Result<reqwest::Request, ToolError> {
-        let url_text = args.get("url").and_then(Value::as_str).unwrap_or_default();
+        let args: FetchArgs = super::parse_args(args.clone())?;
+        let url_text = args.url.as_str();
         if url_text.len() > MAX_URL {
             return Err(ToolError::failed("invalid_url", format!("the URL is longer than {MAX_URL} bytes")));
         }
@@ -129,12 +161,11 @@ impl HttpFetch {
             return Err(ToolError::failed("invalid_url", "credentials in the URL are not accepted"));
         }
         self.policy.check_url(&url).map_err(|refusal| refusal_error(&refusal))?;
-        let method = match args.get("method").and_then(Value::as_str).unwrap_or("GET") {
-            "GET" => reqwest::Method::GET,
-            "POST" => reqwest::Method::POST,
-            other => return Err(ToolError::InvalidArgs(format!("method {other} is not supported; use GET or POST"))),
+        let method = match args.method.unwrap_or(FetchMethod::Get) {
+            FetchMethod::Get => reqwest::Method::GET,
+            FetchMethod::Post => reqwest::Method::POST,
         };
-        let body = args.get("body").and_then(Value::as_str);
+        let body = args.body.as_deref();
         if body.is_some() && method != reqwest::Method::POST {
             return Err(ToolError::InvalidArgs("a body is only sent with POST".to_owned()));
         }
@@ -146,7 +177,7 @@ impl HttpFetch {
             ));
         }
         let mut request = reqwest::Request::new(method, url);
-        *request.headers_mut() = headers(args.get("headers"))?;
+        *request.headers_mut() = headers(args.headers.as_ref())?;
         if let Some(body) = body {
             *request.body_mut() = Some(body.to_owned().into());
         }
@@ -220,22 +251,7 @@ impl Tool for HttpFetch {
     }
 
     fn parameters(&self) -> Value {
-        json!({
-            "type": "object",
-            "properties": {
-                "url": {"type": "string", "minLength": 1, "maxLength": MAX_URL, "description": "The http or https URL"},
-                "method": {"type": "string", "enum": ["GET", "POST"], "description": "GET (the default) or POST"},
-                "headers": {
-                    "type": "object",
-                    "maxProperties": ALLOWED_HEADERS.len(),
-                    "additionalProperties": {"type": "string", "maxLength": 1024},
-                    "description": format!("Request headers; only {} are accepted", ALLOWED_HEADERS.join(", "))
-                },
-                "body": {"type": "string", "description": "The request body, POST only"}
-            },
-            "required": ["url"],
-            "additionalProperties": false
-        })
+        super::schema_of::<FetchArgs>()
     }
 
     fn timeout(&self) -> Option<Duration> {
@@ -273,17 +289,17 @@ fn unfollowed_location(response: &reqwest::Response) -> Option<Url> {
 }
 
 /// The request headers of the arguments, restricted to [`ALLOWED_HEADERS`].
-fn headers(args: Option<&Value>) -> Result<HeaderMap, ToolError> {
+fn headers(args: Option<&std::collections::BTreeMap<String, String>>) -> Result<HeaderMap, ToolError> {
     let mut map = HeaderMap::new();
-    let Some(headers) = args.and_then(Value::as_object) else { return Ok(map) };
+    let Some(headers) = args else { return Ok(map) };
     for (name, value) in headers {
         let lower = name.to_ascii_lowercase();
         if !ALLOWED_HEADERS.contains(&lower.as_str()) {
             let allowed = ALLOWED_HEADERS.join(", ");
             return Err(ToolError::InvalidArgs(format!("header {name} is not accepted; only {allowed}")));
         }
-        let value = value.as_str().and_then(|value| HeaderValue::from_str(value).ok());
-        let value = value.ok_or_else(|| ToolError::InvalidArgs(format!("header {name} has an invalid value")))?;
+        let value = HeaderValue::from_str(value)
+            .map_err(|_| ToolError::InvalidArgs(format!("header {name} has an invalid value")))?;
         map.insert(HeaderName::from_bytes(lower.as_bytes()).map_err(|_| invalid_header(name))?, value);
     }
     Ok(map)
@@ -389,10 +405,13 @@ mod tests {
 
     #[test]
     fn only_the_allowed_headers_pass() {
-        let map = headers(Some(&json!({"Accept": "text/html", "content-type": "application/json"}))).map(|m| m.len());
+        let of = |pairs: &[(&str, &str)]| -> std::collections::BTreeMap<String, String> {
+            pairs.iter().map(|(name, value)| ((*name).to_owned(), (*value).to_owned())).collect()
+        };
+        let map = headers(Some(&of(&[("Accept", "text/html"), ("content-type", "application/json")]))).map(|m| m.len());
         assert_eq!(map, Ok(2));
-        for refused in [json!({"Authorization": "Bearer x"}), json!({"Host": "10.0.0.1"}), json!({"accept": "a\nb"})] {
-            assert!(matches!(headers(Some(&refused)), Err(ToolError::InvalidArgs(_))), "{refused}");
+        for refused in [of(&[("Authorization", "Bearer x")]), of(&[("Host", "10.0.0.1")]), of(&[("accept", "a\nb")])] {
+            assert!(matches!(headers(Some(&refused)), Err(ToolError::InvalidArgs(_))), "{refused:?}");
         }
     }
 }
