@@ -8,7 +8,7 @@ use std::sync::{Arc, LazyLock};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::llm::ToolDefinition;
 use crate::protocol::{Plan, TaskStatus, TodoItem};
@@ -207,6 +207,15 @@ pub fn marker(status: TaskStatus) -> &'static str {
     }
 }
 
+/// What `todo_write` takes (the schema the model sees; `parse_todos` reads it
+/// leniently: ids may also be numbers).
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+#[allow(dead_code)]
+struct TodoWriteArgs {
+    /// The whole task list, in order; it replaces the previous one.
+    todos: Vec<TodoItem>,
+}
+
 /// The `todo_write` tool as offered to the model (built once).
 pub fn todo_write_definition() -> Arc<ToolDefinition> {
     static DEFINITION: LazyLock<Arc<ToolDefinition>> = LazyLock::new(|| Arc::new(build_todo_write_definition()));
@@ -220,33 +229,29 @@ fn build_todo_write_definition() -> ToolDefinition {
             Use it first to plan multi-step work, then again to mark progress. \
             At most one task is in_progress."
             .to_owned(),
-        parameters: json!({
-            "type": "object",
-            "properties": {
-                "todos": {
-                    "type": "array",
-                    "items": {
-                        "type": "object",
-                        "properties": {
-                            "id": {"type": "string"},
-                            "content": {"type": "string"},
-                            "status": {"enum": ["pending", "in_progress", "completed", "blocked", "failed"]},
-                            "tools": {"type": "array", "items": {"type": "string"}},
-                            "result": {"type": "string"},
-                            "error": {"type": "string"}
-                        },
-                        "required": ["id", "content", "status"]
-                    }
-                }
-            },
-            "required": ["todos"]
-        }),
+        parameters: crate::tool::schema_of::<TodoWriteArgs>(),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_todo_write_schema_is_derived_from_the_task_type() {
+        let schema = todo_write_definition().parameters.clone();
+        let item = &schema["properties"]["todos"]["items"];
+        assert_eq!(schema["required"], json!(["todos"]));
+        let mut required: Vec<&str> = item["required"].as_array().unwrap().iter().filter_map(|v| v.as_str()).collect();
+        required.sort_unstable();
+        assert_eq!(required, vec!["content", "id", "status"]);
+        let statuses = item["properties"]["status"].to_string();
+        for status in ["pending", "in_progress", "completed", "blocked", "failed"] {
+            assert!(statuses.contains(status), "{statuses}");
+        }
+        assert!(!schema.to_string().contains("$ref"), "sub-schemas are inlined: {schema}");
+    }
+    use serde_json::json;
 
     async fn planner() -> ActorRef<PlannerMsg> {
         let (planner, _) =

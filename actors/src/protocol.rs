@@ -110,7 +110,7 @@ impl RunStatus {
 }
 
 /// The status of one task of a plan.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum TaskStatus {
     /// Not started.
@@ -126,7 +126,7 @@ pub enum TaskStatus {
 }
 
 /// One task of a plan, as written by the model's `todo_write`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct TodoItem {
     /// Unique within the plan.
     pub id: String,

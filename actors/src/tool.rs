@@ -14,6 +14,23 @@ use tokio_util::sync::CancellationToken;
 use crate::llm::ToolDefinition;
 use crate::protocol::{Fragment, RunId, ToolOutcome};
 
+/// The JSON Schema of a tool's arguments, derived from their type (serde and
+/// schemars read the same attributes, so the schema cannot drift from the
+/// parsing): an object schema, sub-schemas inlined (some model servers do not
+/// follow `$ref`), without the `$schema` and `title` keys model APIs do not want.
+pub fn schema_of<T: schemars::JsonSchema>() -> Value {
+    let generator = schemars::generate::SchemaSettings::draft2020_12()
+        .with(|settings| settings.inline_subschemas = true)
+        .for_deserialize()
+        .into_generator();
+    let mut schema = serde_json::to_value(generator.into_root_schema_for::<T>()).unwrap_or_default();
+    if let Some(object) = schema.as_object_mut() {
+        object.remove("$schema");
+        object.remove("title");
+    }
+    schema
+}
+
 /// What a tool learns about the call it serves.
 #[derive(Debug, Clone)]
 pub struct ToolContext {

@@ -34,18 +34,7 @@ impl Default for ToolsConfig {
     }
 }
 
-/// The JSON Schema of a tool's arguments, derived from their type (serde and
-/// schemars read the same attributes, so the schema cannot drift from the
-/// parsing): an object schema without the `$schema` and `title` keys, which
-/// model APIs do not want.
-pub fn schema_of<T: schemars::JsonSchema>() -> serde_json::Value {
-    let mut schema = serde_json::to_value(schemars::schema_for!(T)).unwrap_or_default();
-    if let Some(object) = schema.as_object_mut() {
-        object.remove("$schema");
-        object.remove("title");
-    }
-    schema
-}
+pub use troupe_actors::tool::schema_of;
 
 /// Arguments of type `T` from a call's JSON, or the reason they do not fit.
 pub fn parse_args<T: serde::de::DeserializeOwned>(args: serde_json::Value) -> Result<T, ToolError> {

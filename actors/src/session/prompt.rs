@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock};
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::config::AgentConfig;
 use crate::llm::{ChatRequest, Message, Role, ToolChoice, ToolDefinition};
@@ -15,6 +15,14 @@ use crate::tool::ToolRegistry;
 
 /// The name of the clarification tool.
 pub const ASK_USER: &str = "ask_user";
+
+/// What `ask_user` takes.
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+#[allow(dead_code)]
+struct AskUserArgs {
+    /// The question for the user.
+    question: String,
+}
 
 /// The `ask_user` tool as offered to the model (built once).
 pub fn ask_user_definition() -> Arc<ToolDefinition> {
@@ -28,11 +36,7 @@ fn build_ask_user_definition() -> ToolDefinition {
         description: "Ask the user a clarifying question and wait for the answer. \
             Use it only when the request cannot be answered without it."
             .to_owned(),
-        parameters: json!({
-            "type": "object",
-            "properties": {"question": {"type": "string", "description": "The question for the user"}},
-            "required": ["question"]
-        }),
+        parameters: crate::tool::schema_of::<AskUserArgs>(),
     }
 }
 
@@ -159,6 +163,7 @@ pub fn is_builtin(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn citations_keep_known_markers_once() {

@@ -32,13 +32,29 @@ pub const LIST_AGENTS: &str = "list_agents";
 /// Runs another agent on a sub-request.
 pub const RUN_AGENT: &str = "run_agent";
 
+/// What `list_agents` takes: nothing.
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct ListAgentsArgs {}
+
+/// What `run_agent` takes.
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+struct RunAgentArgs {
+    /// The agent's name (see list_agents).
+    agent: String,
+    /// The sub-task, complete in itself.
+    input: String,
+}
+
 /// `list_agents` as offered to the model.
 pub fn list_agents_definition() -> Arc<ToolDefinition> {
     static DEFINITION: LazyLock<Arc<ToolDefinition>> = LazyLock::new(|| {
         Arc::new(ToolDefinition {
             name: LIST_AGENTS.to_owned(),
             description: "List the agents you can hand a sub-task to with run_agent, with what each does.".to_owned(),
-            parameters: json!({"type": "object", "properties": {}, "additionalProperties": false}),
+            parameters: crate::tool::schema_of::<ListAgentsArgs>(),
         })
     });
     DEFINITION.clone()
@@ -50,15 +66,7 @@ pub fn run_agent_definition() -> Arc<ToolDefinition> {
         Arc::new(ToolDefinition {
             name: RUN_AGENT.to_owned(),
             description: "Hand a self-contained sub-task to another agent and get its final answer.".to_owned(),
-            parameters: json!({
-                "type": "object",
-                "properties": {
-                    "agent": {"type": "string", "description": "The agent's name (see list_agents)"},
-                    "input": {"type": "string", "description": "The sub-task, complete in itself"}
-                },
-                "required": ["agent", "input"],
-                "additionalProperties": false
-            }),
+            parameters: crate::tool::schema_of::<RunAgentArgs>(),
         })
     });
     DEFINITION.clone()
