@@ -102,6 +102,20 @@ impl ServerShared {
         }
     }
 
+    /// Lists the server's tools now (a call names a tool the last list lacks: a
+    /// `list_changed` may be on its way) and publishes them; the last list when
+    /// the server cannot answer.
+    pub async fn relist(&self, connection: &Connection) -> Arc<ToolSet> {
+        match tokio::time::timeout(self.call_timeout, connection.peer.list_all_tools()).await {
+            Ok(Ok(tools)) => {
+                let tools = Arc::new(tool_set(&self.name, tools));
+                self.tools.send_replace(tools.clone());
+                tools
+            }
+            _ => self.tools(),
+        }
+    }
+
     /// The tools it listed last.
     pub fn tools(&self) -> Arc<ToolSet> {
         self.tools.borrow().clone()

@@ -127,7 +127,10 @@ impl Tool for McpTool {
         let connection = self.server.connection().map_err(|why| {
             self.failed("mcp_unavailable", format!("the MCP server {server} is not connected ({why}); retrying"))
         })?;
-        let tools = self.server.tools();
+        let mut tools = self.server.tools();
+        if !tools.contains_key(&self.name) {
+            tools = self.server.relist(&connection).await;
+        }
         let Some(remote) = tools.get(&self.name) else {
             let mut offered: Vec<&str> = tools.keys().map(String::as_str).collect();
             offered.sort_unstable();

@@ -369,3 +369,35 @@ fn the_daemon_starts_without_an_unreachable_server_and_stops_its_stdio_servers()
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_list_that_changes_is_listed_again_and_its_new_tool_is_callable() {
+    // A server of our own (tests/e2e/fixtures/mcp_list_changed.py): the reference
+    // server never changes its tool list.
+    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/e2e/fixtures/mcp_list_changed.py");
+    let hub = hub(&stdio_server("grower", "python3", &[fixture])).await;
+    let status = &hub.status()[0];
+    assert!(status.connected, "{status:?}");
+    assert_eq!(status.tools, vec!["grower__grow".to_owned()], "`late` does not exist yet");
+
+    // `grow` changes the list; the server's list_changed makes the hub list it
+    // again, with no call of the new tool needed.
+    let grow = vec![calls(&[("grower__grow", json!({}))]), text("Grown.")];
+    let first = runtime(&hub, &["grower__grow"], grow).await;
+    let (status, events) = run(&first).await;
+    assert_eq!(status, RunStatus::Succeeded);
+    assert_eq!(ended(&events, "grower__grow").0, CallStatus::Completed);
+    eventually(Duration::from_secs(20), "the list_changed refresh", async || {
+        hub.status()[0].tools.contains(&"grower__late".to_owned())
+    })
+    .await;
+
+    let greet = vec![calls(&[("grower__late", json!({"name": "troupe"}))]), text("Done.")];
+    let second = runtime(&hub, &["grower__late"], greet).await;
+    let (status, events) = run(&second).await;
+    assert_eq!(status, RunStatus::Succeeded);
+    let (late, said) = ended(&events, "grower__late");
+    assert_eq!(late, CallStatus::Completed, "{said}");
+    assert!(said.contains("hello troupe"), "{said}");
+    hub.shutdown().await;
+}
