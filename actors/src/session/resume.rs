@@ -182,7 +182,12 @@ impl Session {
                 if live.run.status == RunStatus::WaitingInput {
                     tools.ask = Some(index);
                 }
-            } else if record.is_some_and(|r| r.status == CallStatus::Started) && !self.idempotent(&call.name) {
+            } else if record.is_some_and(|r| r.status == CallStatus::Started)
+                && !self.idempotent(&call.name)
+                && call.name != super::sub_runs::RUN_AGENT
+            {
+                // (A cut-off `run_agent` is dispatched again: its sub-run has an id
+                // derived from the call, so it is found and followed, not repeated.)
                 interrupted.push(index);
             } else if record.is_none() && live.run.status == RunStatus::WaitingInput {
                 // Parked with this call never started: it waits for approval.

@@ -101,6 +101,21 @@ pub async fn depth(shared: &RuntimeShared, run: &RunRecord, limit: u32) -> Resul
     Ok(depth)
 }
 
+/// The id of the sub-run of call `index` of `turn`: derived from the caller's id
+/// (its time prefix kept, the call's position folded into the random part), so a
+/// call dispatched again after a crash finds its sub-run instead of starting a
+/// second one.
+pub fn sub_run_id(parent: RunId, turn: u32, index: usize) -> RunId {
+    let mut bytes = *parent.0.as_bytes();
+    let tag = ((u64::from(turn) << 20) | (index as u64 & 0xf_ffff)).to_be_bytes();
+    for (byte, part) in bytes[8..].iter_mut().zip(tag) {
+        *byte ^= part.rotate_left(3) ^ 0x5a;
+    }
+    // The RFC 9562 variant bits, as in the caller's id.
+    bytes[8] = (bytes[8] & 0x3f) | 0x80;
+    RunId(uuid::Uuid::from_bytes(bytes))
+}
+
 /// The sub-run's limits: the agent's own, within what the caller has left.
 fn carved(agent: &Limits, parent: &RunRecord) -> Limits {
     let left_tokens = parent.limits.max_tokens.map(|max| max.saturating_sub(parent.usage.total_tokens()));
@@ -148,7 +163,11 @@ impl Session {
         if limits.max_tokens == Some(0) || limits.max_cost_usd.is_some_and(|cost| cost <= 0.0) {
             return Ok(Some(ToolOutcome::failed("budget_exceeded", "no budget is left for a sub-run")));
         }
-        let child = RunId::new();
+        let child = sub_run_id(live.run.run_id, work.turn, work.index);
+        if self.shared.store.get_run(child).await?.is_some() {
+            // Created before a crash cut the call off: follow it, do not repeat it.
+            return self.follow_sub_run(myself, live, work, child).await;
+        }
         let now = Utc::now();
         let mut record =
             RunRecord::accepted(child, live.run.tenant.clone(), target.name.clone(), input.to_owned(), limits, now);
@@ -162,6 +181,18 @@ impl Session {
         };
         self.shared.store.create_run(record, vec![started]).await?;
         crate::metrics::run_started(&target.name);
+        self.follow_sub_run(myself, live, work, child).await
+    }
+
+    /// Starts the sub-run's session (a no-op when it has one) and the watcher
+    /// that answers the call.
+    async fn follow_sub_run(
+        &self,
+        myself: &ActorRef<SessionMsg>,
+        live: &Live,
+        work: WorkItem,
+        child: RunId,
+    ) -> Result<Option<ToolOutcome>, ActorProcessingErr> {
         let Some(supervisor) = myself.try_get_supervisor().map(ActorRef::<SupervisorMsg>::from) else {
             return Ok(Some(ToolOutcome::failed("unavailable", "the runtime is stopping")));
         };

@@ -25,7 +25,16 @@ struct Team {
 /// Agents `boss` (may call `run_agent` and `list_agents`) and `helper` (may call
 /// `run_agent` too), each on its own scripted model.
 async fn team(boss: Vec<Step>, helper: Vec<Step>, config: RuntimeConfig, boss_limits: Limits) -> Team {
-    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    team_on(Arc::new(MemoryStore::new()), boss, helper, config, boss_limits).await
+}
+
+async fn team_on(
+    store: Arc<dyn RunStore>,
+    boss: Vec<Step>,
+    helper: Vec<Step>,
+    config: RuntimeConfig,
+    boss_limits: Limits,
+) -> Team {
     let (boss, helper) = (Arc::new(ScriptedModel::per_turn(boss)), Arc::new(ScriptedModel::per_turn(helper)));
     let tools = ToolRegistry::new().with(Arc::new(EchoTool)).unwrap();
     let names = |list: &[&str]| list.iter().map(|name| (*name).to_owned()).collect::<Vec<_>>();
@@ -150,4 +159,40 @@ async fn list_agents_names_the_configured_agents() {
     let names: Vec<&str> = listed.as_array().unwrap().iter().map(|agent| agent["name"].as_str().unwrap()).collect();
     assert_eq!(names, vec!["boss", "helper"]);
     assert_eq!(listed[1]["about"], "You help with sub-tasks.");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sub_run_cut_by_a_restart_is_followed_again_not_repeated() {
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let first = team_on(
+        store.clone(),
+        vec![delegate("take your time"), text("unused")],
+        vec![Step::Hang],
+        RuntimeConfig::default(),
+        Limits::default(),
+    )
+    .await;
+    let boss = first.runtime.submit(SubmitRequest::new("boss", "start")).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while sub_runs_of(&store, boss).await.is_empty() {
+        assert!(tokio::time::Instant::now() < deadline, "the sub-run never started");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    first.runtime.shutdown(Duration::from_secs(5)).await;
+
+    // The next process: the helper now answers.
+    let second = team_on(
+        store.clone(),
+        vec![delegate("take your time"), text("The helper finished.")],
+        vec![text("finished")],
+        RuntimeConfig::default(),
+        Limits::default(),
+    )
+    .await;
+    collect(second.runtime.subscribe(boss, 0)).await;
+    assert_eq!(second.runtime.get(boss).await.unwrap().unwrap().status, RunStatus::Succeeded);
+    let children = sub_runs_of(&store, boss).await;
+    assert_eq!(children.len(), 1, "the sub-run was not started twice");
+    assert_eq!(children[0].status, RunStatus::Succeeded);
+    assert_eq!(tool_messages(&second.boss.requests()[0]), vec!["finished".to_owned()], "its answer reached the caller");
 }
