@@ -71,12 +71,20 @@ pub struct McpServerConfig {
     /// stdio: environment variables set for it, on top of `inherit_env`.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// stdio: variables set for it from the daemon's environment, as
+    /// `VARIABLE = "DAEMON_VARIABLE"` (for secrets: the config names them only).
+    #[serde(default)]
+    pub env_from: BTreeMap<String, String>,
     /// http: the endpoint, e.g. `http://127.0.0.1:3001/mcp`.
     #[serde(default)]
     pub url: Option<String>,
-    /// http: headers sent with every request (e.g. `Authorization`).
+    /// http: headers sent with every request.
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
+    /// http: headers whose values come from the daemon's environment, as
+    /// `Header = "DAEMON_VARIABLE"` (for secrets such as `Authorization`).
+    #[serde(default)]
+    pub headers_from_env: BTreeMap<String, String>,
     /// Overrides `mcp.connect_timeout` for this server.
     #[serde(default)]
     pub connect_timeout: Option<f64>,
@@ -170,12 +178,13 @@ impl McpConfig {
             TransportKind::Stdio => {
                 let command = server.command.clone().filter(|command| !command.trim().is_empty());
                 let Some(command) = command else { return Err(invalid(name, "a stdio server needs a command")) };
-                if server.url.is_some() || !server.headers.is_empty() {
+                if server.url.is_some() || !server.headers.is_empty() || !server.headers_from_env.is_empty() {
                     return Err(invalid(name, "url and headers are for http servers"));
                 }
                 let mut variables: BTreeMap<String, String> =
                     self.inherit_env.iter().filter_map(|key| Some((key.clone(), env(key)?))).collect();
                 variables.extend(server.env.clone());
+                variables.extend(from_env(name, &server.env_from, env)?);
                 Transport::Stdio { command, args: server.args.clone(), env: variables }
             }
             TransportKind::Http => {
@@ -184,10 +193,16 @@ impl McpConfig {
                     Ok(parsed) if matches!(parsed.scheme(), "http" | "https") => {}
                     _ => return Err(invalid(name, &format!("url {url:?} is not an http(s) URL"))),
                 }
-                if server.command.is_some() || !server.args.is_empty() || !server.env.is_empty() {
+                if server.command.is_some()
+                    || !server.args.is_empty()
+                    || !server.env.is_empty()
+                    || !server.env_from.is_empty()
+                {
                     return Err(invalid(name, "command, args and env are for stdio servers"));
                 }
-                Transport::Http { url, headers: headers(name, &server.headers)? }
+                let mut all = server.headers.clone();
+                all.extend(from_env(name, &server.headers_from_env, env)?);
+                Transport::Http { url, headers: headers(name, &all)? }
             }
         };
         Ok(ServerSpec {
@@ -199,6 +214,24 @@ impl McpConfig {
             backoff_max: seconds(name, "backoff_max", server.backoff_max.unwrap_or(self.backoff_max))?,
         })
     }
+}
+
+/// `key = value of the daemon's variable` for each `key = "VARIABLE"`; a variable
+/// that is not set is an error that names it (never a value).
+fn from_env(
+    server: &str,
+    names: &BTreeMap<String, String>,
+    env: &impl Fn(&str) -> Option<String>,
+) -> Result<BTreeMap<String, String>, McpConfigError> {
+    names
+        .iter()
+        .map(|(key, variable)| match env(variable) {
+            Some(value) => Ok((key.clone(), value)),
+            None => {
+                Err(invalid(server, &format!("{key} comes from the environment variable {variable}, which is not set")))
+            }
+        })
+        .collect()
 }
 
 /// Letters, digits, `-`, and `_` that is not doubled nor last: `__` separates the
@@ -287,5 +320,24 @@ mod tests {
         }
         let twice = "[[mcp.servers]]\nname = \"a\"\ntransport = \"stdio\"\ncommand = \"x\"\n";
         assert!(servers(&format!("{twice}{twice}")).unwrap_err().contains("configured twice"));
+    }
+
+    #[test]
+    fn secrets_come_from_the_environment_by_name() {
+        let env = |name: &str| match name {
+            "MCP_TOKEN" => Some("Bearer s3cret".to_owned()),
+            "MCP_KEY" => Some("k3y".to_owned()),
+            _ => None,
+        };
+        let text = "[[mcp.servers]]\nname = \"remote\"\ntransport = \"http\"\nurl = \"http://x/mcp\"\nheaders_from_env = { Authorization = \"MCP_TOKEN\" }\n\
+                    [[mcp.servers]]\nname = \"local\"\ntransport = \"stdio\"\ncommand = \"x\"\nenv_from = { API_KEY = \"MCP_KEY\" }\n";
+        let config = Config::parse(Some(("test.toml", text))).unwrap();
+        let specs = config.mcp.servers(env).unwrap();
+        let Transport::Http { headers, .. } = &specs[0].transport else { panic!("http") };
+        assert_eq!(headers.get("authorization").map(|value| value.to_str().unwrap()), Some("Bearer s3cret"));
+        let Transport::Stdio { env: variables, .. } = &specs[1].transport else { panic!("stdio") };
+        assert_eq!(variables.get("API_KEY").map(String::as_str), Some("k3y"));
+        let missing = config.mcp.servers(|_| None).unwrap_err().to_string();
+        assert!(missing.contains("MCP_TOKEN") && missing.contains("not set"), "{missing}");
     }
 }
