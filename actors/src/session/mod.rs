@@ -147,8 +147,10 @@ struct Live {
 enum Phase {
     Idle,
     Model { turn: u32, synthesis: bool },
-    Tools(ToolTurn),
-    WaitingInput(ToolTurn),
+    // Boxed: a run spends most of its life waiting on the model, and a session
+    // should not carry a tool turn's room while it does.
+    Tools(Box<ToolTurn>),
+    WaitingInput(Box<ToolTurn>),
     Review { turn: u32, final_answer: Option<String>, synthesis: bool },
     Finished,
 }
@@ -424,7 +426,7 @@ impl Session {
             return self.request_review(myself, live, turn, Some(message.content), synthesis).await;
         }
         live.outbox.emit(EventKind::ToolRequests { turn, calls: calls.clone() });
-        live.phase = Phase::Tools(ToolTurn::new(turn, calls));
+        live.phase = Phase::Tools(Box::new(ToolTurn::new(turn, calls)));
         self.advance_tools(myself, live).await
     }
 

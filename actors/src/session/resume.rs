@@ -165,7 +165,7 @@ impl Session {
         // The turn's results wait in the ToolTurn until every call is answered.
         let answered_here = live.conversation.iter().rposition(|m| m.role == Role::Assistant).map_or(0, |at| at + 1);
         live.conversation.truncate(answered_here);
-        let mut tools = ToolTurn::new(turn, assistant.tool_calls);
+        let mut tools = Box::new(ToolTurn::new(turn, assistant.tool_calls));
         let mut interrupted = Vec::new();
         for (index, call) in tools.calls.iter().enumerate() {
             let record = records.get(call.call_id.as_str());
