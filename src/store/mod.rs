@@ -129,7 +129,11 @@ impl SqlStore {
     /// Connects to `url` (`sqlite://PATH` or `postgres://…`) and applies the
     /// migrations. A SQLite file and its folder are created if missing.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let (pool, owner) = if url.starts_with("sqlite:") {
+        // The writer has a pool of one connection of its own: every group runs on
+        // the same connection, so its statements stay prepared (a shared pool
+        // hands out its connections in turn, each preparing every shape again),
+        // and reads never wait behind a group's transaction for a connection.
+        let (pool, writer_pool, owner) = if url.starts_with("sqlite:") {
             let options = SqliteConnectOptions::from_str(url)
                 .map_err(backend)?
                 .create_if_missing(true)
@@ -157,8 +161,10 @@ impl SqlStore {
             if lock.try_lock().is_err() {
                 return Err(already_owned(&options.get_filename().display().to_string()));
             }
+            let writer = SqlitePoolOptions::new().max_connections(1).acquire_timeout(Duration::from_secs(10));
+            let writer = writer.connect_with(options.clone()).await.map_err(backend)?;
             let pool = SqlitePoolOptions::new().max_connections(4).acquire_timeout(Duration::from_secs(10));
-            (Pool::Sqlite(pool.connect_with(options).await.map_err(backend)?), Owner::File(lock))
+            (Pool::Sqlite(pool.connect_with(options).await.map_err(backend)?), Pool::Sqlite(writer), Owner::File(lock))
         } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
             // One plain connection first: a server that is down or refuses us fails
             // at once with its own reason, not with a pool timeout.
@@ -175,11 +181,13 @@ impl SqlStore {
             if !owned {
                 return Err(already_owned("this PostgreSQL database"));
             }
-            (Pool::Postgres(pool), Owner::Postgres(std::sync::Mutex::new(owner)))
+            let writer = PgPoolOptions::new().max_connections(1).acquire_timeout(Duration::from_secs(10));
+            let writer = writer.connect(url).await.map_err(backend)?;
+            (Pool::Postgres(pool), Pool::Postgres(writer), Owner::Postgres(std::sync::Mutex::new(owner)))
         } else {
             return Err(StoreError::Backend(format!("unsupported store URL {url:?}: use sqlite://… or postgres://…")));
         };
-        let store = Self { writer: Writer::spawn(pool.clone()), pool, _owner: Arc::new(owner) };
+        let store = Self { writer: Writer::spawn(writer_pool), pool, _owner: Arc::new(owner) };
         store.migrate().await?;
         Ok(store)
     }
