@@ -485,18 +485,6 @@ impl Session {
                     let result = self.builtin_result(live, turn, index, call, outcome, Utc::now(), 0);
                     self.record_result(live, result);
                 }
-                sub_runs::RUN_AGENT => {
-                    if let Some(reason) = self.approval_reason(live, &call) {
-                        self.request_approval(live, turn, index, &call, reason);
-                        continue;
-                    }
-                    if let Some(tools) = tools_mut(live) {
-                        tools.in_flight += 1;
-                    }
-                    let work = self.work_item(live, index);
-                    self.mark_started(live, &work);
-                    sub_run_calls.push(work);
-                }
                 TODO_WRITE => {
                     self.emit_call_start(live, turn, &call, "Updating the plan".to_owned());
                     let result = self.todo_write(myself, live, turn, index, call).await?;
@@ -534,7 +522,13 @@ impl Session {
                     }
                     let work = self.work_item(live, index);
                     self.mark_started(live, &work);
-                    jobs.push(work);
+                    // A sub-run is started by the session once `started` is
+                    // committed; every other call goes to the pool.
+                    if work.call.name == sub_runs::RUN_AGENT {
+                        sub_run_calls.push(work);
+                    } else {
+                        jobs.push(work);
+                    }
                 }
             }
         }
