@@ -447,14 +447,7 @@ impl Session {
             && !tools.approved.is_empty()
         {
             let index = tools.approved.remove(0);
-            tools.in_flight += 1;
-            let work = self.work_item(live, index);
-            self.mark_started(live, &work);
-            if work.call.name == sub_runs::RUN_AGENT {
-                sub_run_calls.push(work);
-            } else {
-                jobs.push(work);
-            }
+            self.dispatch_call(live, index, &mut jobs, &mut sub_run_calls);
         }
         loop {
             let Some(tools) = tools_mut(live) else {
@@ -517,18 +510,7 @@ impl Session {
                         self.request_approval(live, turn, index, &call, reason);
                         continue;
                     }
-                    if let Some(tools) = tools_mut(live) {
-                        tools.in_flight += 1;
-                    }
-                    let work = self.work_item(live, index);
-                    self.mark_started(live, &work);
-                    // A sub-run is started by the session once `started` is
-                    // committed; every other call goes to the pool.
-                    if work.call.name == sub_runs::RUN_AGENT {
-                        sub_run_calls.push(work);
-                    } else {
-                        jobs.push(work);
-                    }
+                    self.dispatch_call(live, index, &mut jobs, &mut sub_run_calls);
                 }
             }
         }
@@ -563,6 +545,24 @@ impl Session {
             }
         }
         self.maybe_end_tools(myself, live).await
+    }
+
+    /// Counts call `index` in flight, records it `started`, and queues it: a
+    /// sub-run is started by the session once `started` is committed; every other
+    /// call goes to the pool.
+    fn dispatch_call(
+        &self,
+        live: &mut Live,
+        index: usize,
+        jobs: &mut Vec<WorkItem>,
+        sub_run_calls: &mut Vec<WorkItem>,
+    ) {
+        if let Some(tools) = tools_mut(live) {
+            tools.in_flight += 1;
+        }
+        let work = self.work_item(live, index);
+        self.mark_started(live, &work);
+        if work.call.name == sub_runs::RUN_AGENT { sub_run_calls.push(work) } else { jobs.push(work) }
     }
 
     /// The work item of call `index` of the current turn.
