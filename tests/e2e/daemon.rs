@@ -12,17 +12,17 @@ use troupe::testing::fake_openai::{FakeOpenAi, FakeReply, text_stream, tool_call
 
 use crate::crash::Sandbox;
 
-const TOKEN: &str = "e2e-token";
+pub(crate) const TOKEN: &str = "e2e-token";
 
 /// A running `troupe serve`.
-struct Served {
+pub(crate) struct Served {
     child: Child,
-    base: String,
+    pub(crate) base: String,
 }
 
 impl Served {
     /// Starts `command` (a `troupe serve`) and waits for its address line.
-    fn start(mut command: Command) -> Self {
+    pub(crate) fn start(mut command: Command) -> Self {
         command.args(["--bind", "127.0.0.1:0"]).env("TROUPE_API_TOKENS", format!("e2e={TOKEN}"));
         let log =
             std::env::temp_dir().join(format!("troupe-e2e-serve-{}-{}.log", std::process::id(), fastrand::u32(..)));
@@ -44,11 +44,11 @@ impl Served {
         Self { child, base }
     }
 
-    fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }
 
-    async fn post_run(&self, input: &str, agent: &str) -> String {
+    pub(crate) async fn post_run(&self, input: &str, agent: &str) -> String {
         let response = reqwest::Client::new()
             .post(self.url("/v1/runs"))
             .bearer_auth(TOKEN)
@@ -61,14 +61,19 @@ impl Served {
     }
 
     /// The run's whole event stream, as the JSON of each event.
-    async fn events(&self, id: &str) -> Vec<Value> {
+    pub(crate) async fn events(&self, id: &str) -> Vec<Value> {
+        self.events_within(id, Duration::from_secs(60)).await
+    }
+
+    /// The run's whole event stream, which must end within `limit`.
+    pub(crate) async fn events_within(&self, id: &str, limit: Duration) -> Vec<Value> {
         let response = reqwest::Client::new()
             .get(self.url(&format!("/v1/runs/{id}/events")))
             .bearer_auth(TOKEN)
             .send()
             .await
             .unwrap();
-        let text = tokio::time::timeout(Duration::from_secs(60), response.text()).await.unwrap().unwrap();
+        let text = tokio::time::timeout(limit, response.text()).await.unwrap().unwrap();
         text.lines()
             .filter_map(|line| line.strip_prefix("data: "))
             .map(|data| serde_json::from_str(data).unwrap())
@@ -76,7 +81,7 @@ impl Served {
     }
 
     /// Sends SIGTERM and waits (a minute at most) for a clean exit.
-    fn terminate(mut self) {
+    pub(crate) fn terminate(mut self) {
         let pid = self.child.id().to_string();
         assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -143,7 +148,8 @@ fn offline(dir: &std::path::Path, args: &[&str]) -> Command {
         .env_remove("TROUPE_MODEL")
         .env_remove("TROUPE_DATABASE_URL")
         .env_remove("OPENAI_BASE_URL")
-        .env_remove("OPENAI_API_KEY");
+        .env_remove("OPENAI_API_KEY")
+        .env("TROUPE_DEFAULT_MODEL", "offline");
     command
 }
 

@@ -15,6 +15,7 @@ fn troupe_on(store: &str, args: &[&str]) -> std::process::Output {
         .args(args)
         .env_remove("TROUPE_CONFIG")
         .env_remove("TROUPE_MODEL")
+        .env("TROUPE_DEFAULT_MODEL", "offline")
         .env("TROUPE_DATABASE_URL", store)
         .output()
         .expect("troupe runs")

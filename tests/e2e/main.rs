@@ -7,6 +7,7 @@ mod daemon;
 mod demo;
 mod email;
 mod http_fetch;
+mod local_model;
 mod mcp;
 mod model;
 mod server;

@@ -1,6 +1,11 @@
-//! What the model sees: the system prompt (instructions, `<plan>`,
-//! `<available_tools>`), the conversation, and the tools on offer; plus the built-in
-//! `ask_user` tool and citation resolution for the final answer.
+//! What the model sees: the system prompt (instructions and `<available_tools>`),
+//! the conversation, the current `<plan>` as a closing note, and the tools on offer;
+//! plus the built-in `ask_user` tool and citation resolution for the final answer.
+//!
+//! Everything that changes from turn to turn (the plan, the blocked tools) comes
+//! after the conversation, so each turn's prompt starts with the whole previous one:
+//! a model's prompt cache (a provider's, or the local model's KV cache) serves it
+//! and only the new tokens are processed.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock};
@@ -65,20 +70,12 @@ pub fn offered_tools(agent: &AgentConfig, registry: &ToolRegistry, blocked: &[St
     tools
 }
 
-/// The system prompt: instructions, the plan, and the tools on offer, each with
-/// its entry of the tool guide (`docs`, by tool name) or else its one-line
-/// description.
-pub fn system_prompt(
-    agent: &AgentConfig,
-    plan: &Plan,
-    tools: &[Arc<ToolDefinition>],
-    blocked: &[String],
-    docs: &BTreeMap<String, String>,
-) -> String {
+/// The system prompt: instructions and the tools on offer, each with its entry of
+/// the tool guide (`docs`, by tool name) or else its one-line description. It stays
+/// the same from turn to turn while the tools on offer do.
+pub fn system_prompt(agent: &AgentConfig, tools: &[Arc<ToolDefinition>], docs: &BTreeMap<String, String>) -> String {
     let mut text = String::with_capacity(agent.instructions.len() + 512);
     text.push_str(&agent.instructions);
-    text.push_str("\n\n");
-    text.push_str(&planner::render(plan));
     text.push_str("\n\n<available_tools>\n");
     for tool in tools {
         match docs.get(&tool.name) {
@@ -86,24 +83,42 @@ pub fn system_prompt(
             None => text.push_str(&format!("- {}: {}\n", tool.name, tool.description)),
         }
     }
-    if !blocked.is_empty() {
-        text.push_str(&format!("(blocked for now after repeated failures: {})\n", blocked.join(", ")));
-    }
     text.push_str("</available_tools>");
     text
 }
 
-/// The request for a turn. The synthesis turn offers no tools and asks for the answer.
+/// The state of the run as of this turn, for the end of the prompt: the plan and
+/// the tools blocked for now; `None` before there is either.
+pub fn state_note(plan: &Plan, blocked: &[String]) -> Option<String> {
+    if plan.items.is_empty() && blocked.is_empty() {
+        return None;
+    }
+    let mut text = String::from("The run so far (updated every turn; todo_write changes the plan):\n");
+    if !plan.items.is_empty() {
+        text.push_str(&planner::render(plan));
+    }
+    if !blocked.is_empty() {
+        text.push_str(&format!("\n(blocked for now after repeated failures: {})", blocked.join(", ")));
+    }
+    Some(text)
+}
+
+/// The request for a turn: the system prompt, the conversation, then the state
+/// note if any. The synthesis turn offers no tools and asks for the answer.
 pub fn build_request(
     system: String,
     conversation: &[Message],
+    note: Option<String>,
     tools: Vec<Arc<ToolDefinition>>,
     synthesis: bool,
     max_turns: u32,
 ) -> ChatRequest {
-    let mut messages = Vec::with_capacity(conversation.len() + 2);
+    let mut messages = Vec::with_capacity(conversation.len() + 3);
     messages.push(Message::text(Role::System, system));
     messages.extend_from_slice(conversation);
+    if let Some(note) = note {
+        messages.push(Message::text(Role::System, note));
+    }
     if synthesis {
         messages.push(Message::text(
             Role::User,
@@ -122,17 +137,22 @@ pub fn build_request(
     }
 }
 
-/// The review as the model reads it next turn.
+/// The review as the model reads it next turn: plain sentences (small models
+/// answer in the format of the last thing they read, so no markup), ending with
+/// what to do next.
 pub fn review_message(turn: u32, review: &Review) -> Message {
-    let mut text =
-        format!("<review turn=\"{turn}\" recommendation=\"{}\">\n{}\n", review.recommendation.as_str(), review.notes);
+    let mut text = format!(
+        "Review of turn {turn} by the runtime (not the user): {}. {}\n",
+        review.recommendation.as_str().replace('_', " "),
+        review.notes
+    );
     for gap in &review.gaps {
-        text.push_str(&format!("gap: {gap}\n"));
+        text.push_str(&format!("Missing: {gap}\n"));
     }
     for action in &review.suggested_actions {
-        text.push_str(&format!("next: {action}\n"));
+        text.push_str(&format!("Suggested: {action}\n"));
     }
-    text.push_str("</review>");
+    text.push_str("Go on: call a tool if more is needed; otherwise answer the user's request in plain words.");
     Message::text(Role::User, text)
 }
 

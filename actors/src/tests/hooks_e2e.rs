@@ -95,7 +95,8 @@ async fn three_failures_block_a_tool_until_its_cooldown_ends() {
     for (turn, offered_flaky) in [(1, true), (3, true), (4, false), (5, false), (6, true)] {
         assert_eq!(offered(&requests[turn - 1]).contains(&"flaky".to_owned()), offered_flaky, "turn {turn}");
     }
-    assert!(requests[3].messages[0].content.contains("blocked for now after repeated failures: flaky"));
+    let note = super::turn_loop::state_note(&requests[3]);
+    assert!(note.contains("blocked for now after repeated failures: flaky"), "{note}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

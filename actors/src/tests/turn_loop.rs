@@ -40,13 +40,27 @@ async fn a_planned_run_calls_two_tools_in_parallel_and_answers() {
 
     let requests = harness.requests();
     assert_eq!(requests.len(), 4);
-    let system = &requests[1].messages[0].content;
+    let note = state_note(&requests[1]);
     assert!(
-        system.contains("→ [1] echo both words") && system.contains("○ [2] answer"),
-        "turn 2 prompt shows turn 1's plan: {system}"
+        note.contains("→ [1] echo both words") && note.contains("○ [2] answer"),
+        "turn 2 prompt shows turn 1's plan: {note}"
     );
-    assert!(requests[3].messages[0].content.contains("✓ [2] answer"));
+    assert!(state_note(&requests[3]).contains("✓ [2] answer"));
+    // The plan changed, the system prompt did not: each turn's prompt starts with
+    // the whole previous one but its closing note, which prompt caches reuse.
+    assert_eq!(requests[0].messages.last().map(|m| m.role), Some(crate::llm::Role::User), "no plan yet: no note");
+    for pair in requests.windows(2) {
+        let note = pair[0].messages.last().is_some_and(|m| m.role == crate::llm::Role::System);
+        let kept = pair[0].messages.len() - usize::from(note);
+        assert_eq!(pair[1].messages[..kept], pair[0].messages[..kept]);
+    }
     assert_eq!(tool_messages(&requests[2])[1..], ["alpha".to_owned(), "beta".to_owned()]);
+}
+
+/// The closing note of a request: the plan and the blocked tools.
+pub(crate) fn state_note(request: &crate::llm::ChatRequest) -> String {
+    let note = request.messages.iter().rev().find(|message| message.role == crate::llm::Role::System);
+    note.map(|message| message.content.clone()).unwrap_or_default()
 }
 
 /// Where the events named `wanted` for the echo tool stand.

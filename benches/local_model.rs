@@ -1,0 +1,240 @@
+//! The local model through troupe against llama.cpp's own benchmark binary, on the
+//! same machine in the same run, and the share of prompt tokens served from the KV
+//! cache on the later turns of real agent runs.
+//!
+//! `cargo bench --bench local_model`. The model: `TROUPE_BENCH_MODEL`, else
+//! `data/models/<default model>` (`troupe model pull`). The reference binary:
+//! `TROUPE_BENCH_LLAMA_BENCH`, else built by `benches/llama-cpp-reference.sh` from the
+//! llama.cpp source troupe links.
+//!
+//! - Prompt processing: fresh prompts (nothing cached) of about 512 tokens, one
+//!   token generated, tokens per second of prompt; llama-bench's `pp512`.
+//! - Generation: a prompt that makes the model count, 128 tokens generated,
+//!   tokens per second from the first generated token to the last; `tg128`.
+//! - Cache: agent runs with a tool (a tool turn, then an answer turn, reviewed),
+//!   one after the other; for each model call of turn 2 or later, the prompt
+//!   tokens read from the cache over all its prompt tokens.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use serde_json::Value;
+use tikv_jemallocator::Jemalloc;
+use troupe::llm::local::pull::QWEN_CODER_05B;
+use troupe::llm::local::{LocalModel, LocalModelConfig};
+use troupe_actors::config::RuntimeConfig;
+use troupe_actors::llm::{
+    ChatRequest, Message, ModelChunk, ModelClient, ModelError, ModelRegistry, ModelStream, Role, ToolChoice,
+};
+use troupe_actors::metrics::LOCAL_MODEL_PROMPT_TOKENS_TOTAL;
+use troupe_actors::store::MemoryStore;
+use troupe_actors::testing::{capture_metrics, counter};
+use troupe_actors::{Deps, Runtime, SubmitRequest};
+
+#[global_allocator]
+static ALLOCATOR: Jemalloc = Jemalloc;
+
+const REPEATS: usize = 3;
+
+fn main() {
+    let model_path = std::env::var("TROUPE_BENCH_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from("data/models").join(QWEN_CODER_05B.file));
+    assert!(model_path.exists(), "no model at {} (troupe model pull, or TROUPE_BENCH_MODEL)", model_path.display());
+    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    println!("local model bench: {} on {threads} threads", model_path.display());
+
+    let reference = llama_bench(&model_path, threads);
+    let tokio = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    capture_metrics();
+    let config = LocalModelConfig {
+        model: model_path.display().to_string(),
+        parallel: 1,
+        threads,
+        ..LocalModelConfig::default()
+    };
+    let local = Arc::new(LocalModel::new(config.settings(std::path::Path::new("data")).unwrap()));
+    let (prompt, generation) = tokio.block_on(speeds(&local));
+    println!();
+    println!("| | llama-bench | troupe | troupe / llama-bench |");
+    println!("| --- | --- | --- | --- |");
+    let row = |name: &str, reference: Option<f64>, ours: f64| match reference {
+        Some(reference) => {
+            println!("| {name} | {reference:.1} t/s | {ours:.1} t/s | {:.1} % |", 100.0 * ours / reference)
+        }
+        None => println!("| {name} | (not run) | {ours:.1} t/s | |"),
+    };
+    row("prompt processing", reference.map(|r| r.0), prompt);
+    row("generation", reference.map(|r| r.1), generation);
+
+    let share = tokio.block_on(cache_share(local));
+    println!();
+    println!("prompt tokens from the cache on turns >= 2: {:.1} %", share * 100.0);
+}
+
+/// llama-bench's pp512 and tg128 in tokens per second, if it can be run.
+fn llama_bench(model: &std::path::Path, threads: usize) -> Option<(f64, f64)> {
+    let binary = match std::env::var("TROUPE_BENCH_LLAMA_BENCH") {
+        Ok(path) => path,
+        Err(_) => {
+            let built = Command::new("benches/llama-cpp-reference.sh").output().ok()?;
+            if !built.status.success() {
+                eprintln!("llama-bench could not be built: {}", String::from_utf8_lossy(&built.stderr));
+                return None;
+            }
+            String::from_utf8(built.stdout).ok()?.trim().to_owned()
+        }
+    };
+    let output = Command::new(&binary)
+        .arg("-m")
+        .arg(model)
+        .args(["-p", "512", "-n", "128", "-t", &threads.to_string(), "-r", &REPEATS.to_string(), "-o", "json"])
+        .output()
+        .ok()?;
+    let results: Vec<Value> = serde_json::from_slice(&output.stdout).ok()?;
+    let speed = |prompt: u64, generated: u64| {
+        results
+            .iter()
+            .find(|result| result["n_prompt"] == prompt && result["n_gen"] == generated)
+            .and_then(|result| result["avg_ts"].as_f64())
+    };
+    let (pp, tg) = (speed(512, 0)?, speed(0, 128)?);
+    println!("llama-bench ({binary}): pp512 {pp:.1} t/s, tg128 {tg:.1} t/s");
+    Some((pp, tg))
+}
+
+fn request(system: String, user: String, max_tokens: u32) -> ChatRequest {
+    ChatRequest {
+        messages: vec![Message::text(Role::System, system), Message::text(Role::User, user)],
+        tools: Vec::new(),
+        tool_choice: ToolChoice::Auto,
+        max_tokens: Some(max_tokens),
+        temperature: None,
+    }
+}
+
+/// Prompt and generation tokens per second through troupe's model client.
+async fn speeds(local: &Arc<LocalModel>) -> (f64, f64) {
+    // Load the model (and warm up) before timing.
+    drain(local.chat(request("Warm up.".into(), "Say hi.".into(), 4)).await.unwrap()).await;
+    let words = "the runtime keeps every run durable while agents plan call tools and review their work ";
+    let mut prompt_rates = Vec::new();
+    for repeat in 0..REPEATS {
+        // A different first line each time: nothing of the prompt is cached.
+        let system = format!("Session {repeat}-{}. Summarise the text.", fastrand::u64(..));
+        let started = Instant::now();
+        let (usage, _, _) = drain(local.chat(request(system, words.repeat(33), 1)).await.unwrap()).await;
+        prompt_rates.push(usage.0 as f64 / started.elapsed().as_secs_f64());
+    }
+    let mut generation_rates = Vec::new();
+    for repeat in 0..REPEATS {
+        let system = format!("Run {repeat}-{}. You are a counter.", fastrand::u64(..));
+        let user = "Write every whole number from 1 to 1000 in order, separated by commas, and nothing else.";
+        let (usage, first, last) = drain(local.chat(request(system, user.into(), 128)).await.unwrap()).await;
+        let span = last.duration_since(first.unwrap_or(last)).as_secs_f64();
+        if usage.1 > 1 && span > 0.0 {
+            generation_rates.push((usage.1 - 1) as f64 / span);
+        }
+        println!("generation {repeat}: {} tokens", usage.1);
+    }
+    let median = |mut values: Vec<f64>| {
+        values.sort_by(f64::total_cmp);
+        values.get(values.len() / 2).copied().unwrap_or(0.0)
+    };
+    println!("troupe prompt: {prompt_rates:.1?} t/s; generation: {generation_rates:.1?} t/s");
+    (median(prompt_rates), median(generation_rates))
+}
+
+/// Reads a reply to its end: (input, output) tokens, when the first text arrived,
+/// when it ended.
+async fn drain(mut stream: ModelStream) -> ((u64, u64), Option<Instant>, Instant) {
+    let mut first = None;
+    while let Some(chunk) = stream.next().await {
+        match chunk.unwrap() {
+            ModelChunk::Delta(_) => {
+                first.get_or_insert_with(Instant::now);
+            }
+            ModelChunk::Done(reply) => {
+                return ((reply.usage.input_tokens, reply.usage.output_tokens), first, Instant::now());
+            }
+        }
+    }
+    panic!("the reply ended without its final chunk");
+}
+
+/// Each model call's turn and its (cached, computed) prompt tokens.
+type Calls = Arc<Mutex<Vec<(usize, u64, u64)>>>;
+
+/// The local model, with the cache counters read around each call.
+struct Observed {
+    inner: Arc<LocalModel>,
+    calls: Calls,
+}
+
+fn prompt_tokens() -> (u64, u64) {
+    let of = |source| counter(LOCAL_MODEL_PROMPT_TOKENS_TOTAL, &[("model", "local"), ("source", source)]);
+    (of("cache"), of("computed"))
+}
+
+#[async_trait]
+impl ModelClient for Observed {
+    fn name(&self) -> &str {
+        "local"
+    }
+
+    async fn chat(&self, request: ChatRequest) -> Result<ModelStream, ModelError> {
+        let turn = request.messages.iter().filter(|message| message.role == Role::Assistant).count() + 1;
+        let before = prompt_tokens();
+        let calls = self.calls.clone();
+        let stream = self.inner.chat(request).await?;
+        Ok(Box::pin(stream.inspect(move |chunk| {
+            if let Ok(ModelChunk::Done(_)) = chunk {
+                let after = prompt_tokens();
+                calls.lock().unwrap().push((turn, after.0 - before.0, after.1 - before.1));
+            }
+        })))
+    }
+}
+
+async fn cache_share(local: Arc<LocalModel>) -> f64 {
+    let calls: Calls = Arc::default();
+    let model = Arc::new(Observed { inner: local, calls: calls.clone() });
+    let agent = troupe::config::parse_agent(
+        "bench.toml",
+        "name = \"counter\"\ninstructions = \"\"\"\nYou answer questions about text. To count the words of a text, call \
+         the\ntext_stats tool with that text, then answer with the number it reports.\"\"\"\ntools = \
+         [\"text_stats\"]\n[limits]\nmax_turns = 4\n",
+    )
+    .unwrap();
+    let tools = troupe::tools::builtin_registry(&troupe::tools::ToolsConfig::default()).unwrap();
+    let deps = Deps {
+        store: Arc::new(MemoryStore::new()),
+        models: ModelRegistry::new(model),
+        tools,
+        hooks: Vec::new(),
+        agents: vec![agent],
+    };
+    let runtime = Runtime::start(RuntimeConfig::default(), deps).await.unwrap();
+    let texts = ["the quick brown fox jumps over the lazy dog", "to be or not to be", "a b c d e f g"];
+    for text in texts {
+        let question = format!("How many words are in this text: \"{text}\"?");
+        let run = runtime.submit(SubmitRequest::new("counter".to_owned(), question)).await.unwrap();
+        let record = runtime.wait_settled(run).await.unwrap();
+        println!("run {run}: {:?} after {} turns", record.status, record.turn);
+    }
+    runtime.shutdown(Duration::from_secs(5)).await;
+    let calls = calls.lock().unwrap().clone();
+    for (turn, cached, computed) in &calls {
+        println!("turn {turn}: {cached} prompt tokens from the cache, {computed} computed");
+    }
+    let later: Vec<_> = calls.iter().filter(|(turn, _, _)| *turn >= 2).collect();
+    let cached: u64 = later.iter().map(|(_, cached, _)| cached).sum();
+    let total: u64 = later.iter().map(|(_, cached, computed)| cached + computed).sum();
+    if total == 0 { 0.0 } else { cached as f64 / total as f64 }
+}

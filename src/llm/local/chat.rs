@@ -1,0 +1,351 @@
+//! The chat format of the local model: a request rendered as the model's chat
+//! template expects it (ChatML with Qwen's tool calling: tool signatures in the
+//! system turn, calls as `<tool_call>` blocks, results as `<tool_response>` blocks
+//! in a user turn), the grammar that constrains a call once the model opens one,
+//! and the reply read back (calls parsed leniently, by the rules of
+//! [`crate::llm::recover`]).
+
+use std::fmt::Write as _;
+
+use serde_json::Value;
+use troupe_actors::llm::{ChatRequest, Role, ToolChoice};
+
+use crate::llm::recover::{Recovered, recover};
+
+/// The template family the renderer speaks, as recognised from the model file's
+/// own chat template.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Template {
+    /// ChatML turns with Qwen 2.5's tool calling (`<tool_call>`/`<tool_response>`).
+    QwenTools,
+}
+
+impl Template {
+    /// The family of a GGUF's `tokenizer.chat_template`, if it is one we render.
+    pub fn recognise(template: &str) -> Option<Self> {
+        (template.contains("<|im_start|>") && template.contains("<tool_call>")).then_some(Self::QwenTools)
+    }
+}
+
+/// Where a call starts in the model's output.
+pub const CALL_OPEN: &str = "<tool_call>";
+
+/// What starts the call grammar (regular expressions over the output, the grammar
+/// fed from the group): a `<tool_call>` tag, or a call object without it.
+pub const GRAMMAR_TRIGGERS: [&str; 2] = [r"[\s\S]*?(<tool_call>)[\s\S]*", r#"[\s\S]*?(\{\s*"name")[\s\S]*"#];
+
+const TOOLS_PREAMBLE: &str = "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n\
+    You are provided with function signatures within <tools></tools> XML tags:\n<tools>";
+const TOOLS_CLOSING: &str = "\n</tools>\n\nFor each function call, return a json object with function name and \
+    arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": \
+    <args-json-object>}\n</tool_call><|im_end|>\n";
+
+/// `request` as the prompt text, ending with the opening of the assistant's turn.
+/// Tools are listed only when the request lets the model call them.
+pub fn render(request: &ChatRequest) -> String {
+    let mut out = String::with_capacity(4096);
+    let (system, rest) = match request.messages.split_first() {
+        Some((first, rest)) if first.role == Role::System => (first.content.as_str(), rest),
+        _ => ("You are a helpful assistant.", request.messages.as_slice()),
+    };
+    let tools = if request.tool_choice == ToolChoice::None { &[][..] } else { request.tools.as_slice() };
+    out.push_str("<|im_start|>system\n");
+    out.push_str(system);
+    if tools.is_empty() {
+        out.push_str("<|im_end|>\n");
+    } else {
+        out.push_str(TOOLS_PREAMBLE);
+        for tool in tools {
+            // Qwen's key order: type, then the function's name, description, parameters.
+            let _ = write!(
+                out,
+                "\n{{\"type\": \"function\", \"function\": {{\"name\": {}, \"description\": {}, \"parameters\": {}}}}}",
+                python_json(&Value::String(tool.name.clone())),
+                python_json(&Value::String(tool.description.clone())),
+                python_json(&tool.parameters)
+            );
+        }
+        out.push_str(TOOLS_CLOSING);
+    }
+    for (index, message) in rest.iter().enumerate() {
+        match message.role {
+            Role::System | Role::User => {
+                let role = if message.role == Role::System { "system" } else { "user" };
+                let _ = write!(out, "<|im_start|>{role}\n{}<|im_end|>\n", message.content);
+            }
+            Role::Assistant => {
+                out.push_str("<|im_start|>assistant");
+                if !message.content.is_empty() || message.tool_calls.is_empty() {
+                    out.push('\n');
+                    out.push_str(&message.content);
+                }
+                for call in &message.tool_calls {
+                    let _ = write!(
+                        out,
+                        "\n<tool_call>\n{{\"name\": {}, \"arguments\": {}}}\n</tool_call>",
+                        python_json(&Value::String(call.name.clone())),
+                        python_json(&call.args)
+                    );
+                }
+                out.push_str("<|im_end|>\n");
+            }
+            Role::Tool => {
+                let previous_is_tool = index > 0 && rest[index - 1].role == Role::Tool;
+                let next_is_tool = rest.get(index + 1).is_some_and(|next| next.role == Role::Tool);
+                if !previous_is_tool {
+                    out.push_str("<|im_start|>user");
+                }
+                out.push_str("\n<tool_response>\n");
+                out.push_str(&message.content);
+                out.push_str("\n</tool_response>");
+                if !next_is_tool {
+                    out.push_str("<|im_end|>\n");
+                }
+            }
+        }
+    }
+    out.push_str("<|im_start|>assistant\n");
+    out
+}
+
+/// JSON as the template's `tojson` writes it (Python's `json.dumps`: `", "` and
+/// `": "` separators, non-ASCII kept), so that calls the model wrote and calls
+/// rendered back into the conversation are the same text.
+pub fn python_json(value: &Value) -> String {
+    let mut out = String::new();
+    write_python_json(value, &mut out);
+    out
+}
+
+fn write_python_json(value: &Value, out: &mut String) {
+    match value {
+        Value::Array(items) => {
+            out.push('[');
+            for (index, item) in items.iter().enumerate() {
+                if index > 0 {
+                    out.push_str(", ");
+                }
+                write_python_json(item, out);
+            }
+            out.push(']');
+        }
+        Value::Object(fields) => {
+            out.push('{');
+            for (index, (key, item)) in fields.iter().enumerate() {
+                if index > 0 {
+                    out.push_str(", ");
+                }
+                out.push_str(&Value::String(key.clone()).to_string());
+                out.push_str(": ");
+                write_python_json(item, out);
+            }
+            out.push('}');
+        }
+        scalar => out.push_str(&scalar.to_string()),
+    }
+}
+
+/// The GBNF grammar of a call once the model starts one, with `<tool_call>` (then
+/// one or more tagged calls) or with a bare `{"name"` (one call): each names an
+/// offered tool and has a JSON object of arguments (checked against the tool's
+/// schema by the hook chain, as for any model). The reply ends with the call.
+pub fn call_grammar(tools: &[String]) -> Option<String> {
+    if tools.is_empty() {
+        return None;
+    }
+    let names: Vec<String> =
+        tools.iter().map(|name| format!("\"\\\"{}\\\"\"", name.replace('\\', "\\\\").replace('"', "\\\""))).collect();
+    Some(format!(
+        r#"root ::= call ("\n" call)* | body
+call ::= "<tool_call>" ws body ws "</tool_call>"
+body ::= "{{" ws "\"name\"" ws ":" ws name ws "," ws "\"arguments\"" ws ":" ws object ws "}}"
+name ::= {names}
+value ::= object | array | string | number | ("true" | "false" | "null")
+object ::= "{{" ws ( string ws ":" ws value ( ws "," ws string ws ":" ws value )* )? ws "}}"
+array ::= "[" ws ( value ( ws "," ws value )* )? ws "]"
+string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" [0-9a-fA-F]{{4}} ) )* "\""
+number ::= "-"? ([0-9] | [1-9] [0-9]*) ("." [0-9]+)? ([eE] [-+]? [0-9]+)?
+ws ::= [ \t\n]{{0,4}}
+"#,
+        names = names.join(" | ")
+    ))
+}
+
+/// The reply read back: calls in `<tool_call>` blocks, fenced or bare JSON naming
+/// an offered tool, and the text around them.
+pub fn parse_reply(text: &str, offered: &[String], id_prefix: &str) -> Recovered {
+    recover(text, offered, id_prefix)
+}
+
+/// What of the output may be streamed as answer text: everything up to a point
+/// where a call may begin (`<tool_call>`, or output that opens with JSON or a
+/// fence), which is held back until the reply is complete.
+#[derive(Debug, Default)]
+pub struct TextGate {
+    released: usize,
+    holding: bool,
+}
+
+impl TextGate {
+    /// The part of `output` (all text so far) that can be shown now.
+    pub fn release<'a>(&mut self, output: &'a str) -> &'a str {
+        if self.holding {
+            return "";
+        }
+        let start = output.trim_start();
+        if start.starts_with('{') || start.starts_with("```") || (start.is_empty() && !output.is_empty()) {
+            if !start.is_empty() {
+                self.holding = true;
+            }
+            return "";
+        }
+        if let Some(at) = output.find(CALL_OPEN) {
+            self.holding = true;
+            return self.take(output, at);
+        }
+        // Keep back a tail that could be the start of `<tool_call>`.
+        let mut safe = output.len();
+        if let Some(lt) = output[self.released..].rfind('<').map(|at| at + self.released)
+            && CALL_OPEN.starts_with(&output[lt..])
+        {
+            safe = lt;
+        }
+        self.take(output, safe)
+    }
+
+    fn take<'a>(&mut self, output: &'a str, until: usize) -> &'a str {
+        let until = until.max(self.released);
+        let mut end = until;
+        while !output.is_char_boundary(end) {
+            end -= 1;
+        }
+        let piece = &output[self.released..end];
+        self.released = end;
+        piece
+    }
+
+    /// Bytes of the output already shown.
+    pub fn released(&self) -> usize {
+        self.released
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use serde_json::json;
+    use troupe_actors::llm::{Message, ToolDefinition};
+    use troupe_actors::protocol::ToolCall;
+
+    use super::*;
+
+    fn request(messages: Vec<Message>, choice: ToolChoice) -> ChatRequest {
+        ChatRequest {
+            messages,
+            tools: vec![Arc::new(ToolDefinition {
+                name: "text_stats".into(),
+                description: "Counts words.".into(),
+                parameters: json!({"type": "object"}),
+            })],
+            tool_choice: choice,
+            max_tokens: None,
+            temperature: None,
+        }
+    }
+
+    #[test]
+    fn a_conversation_renders_as_qwen_chatml_with_tools() {
+        let call = ToolCall { call_id: "c1".into(), name: "text_stats".into(), args: json!({"text": "héllo wörld"}) };
+        let mut assistant = Message::text(Role::Assistant, "");
+        assistant.tool_calls = vec![call];
+        let messages = vec![
+            Message::text(Role::System, "Be brief."),
+            Message::text(Role::User, "Count: héllo wörld"),
+            assistant,
+            Message::tool_result("c1", "{\"words\": 2}"),
+            Message::tool_result("c2", "second"),
+            Message::text(Role::System, "<plan>\n</plan>"),
+        ];
+        let prompt = render(&request(messages, ToolChoice::Auto));
+        let expected = concat!(
+            "<|im_start|>system\nBe brief.\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n",
+            "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n",
+            "{\"type\": \"function\", \"function\": {\"name\": \"text_stats\", \"description\": \"Counts words.\", \"parameters\": {\"type\": \"object\"}}}\n",
+            "</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n",
+            "<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n",
+            "<|im_start|>user\nCount: héllo wörld<|im_end|>\n",
+            "<|im_start|>assistant\n<tool_call>\n{\"name\": \"text_stats\", \"arguments\": {\"text\": \"héllo wörld\"}}\n</tool_call><|im_end|>\n",
+            "<|im_start|>user\n<tool_response>\n{\"words\": 2}\n</tool_response>\n<tool_response>\nsecond\n</tool_response><|im_end|>\n",
+            "<|im_start|>system\n<plan>\n</plan><|im_end|>\n",
+            "<|im_start|>assistant\n",
+        );
+        assert_eq!(prompt, expected);
+    }
+
+    #[test]
+    fn the_synthesis_call_offers_no_tools_and_a_missing_system_gets_a_default() {
+        let prompt = render(&request(vec![Message::text(Role::User, "hi")], ToolChoice::None));
+        assert_eq!(
+            prompt,
+            "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+
+    #[test]
+    fn each_turn_extends_the_previous_prompt() {
+        let first = vec![Message::text(Role::System, "S"), Message::text(Role::User, "Q")];
+        let mut second = first.clone();
+        second.push(Message::text(Role::Assistant, "A"));
+        second.push(Message::text(Role::User, "more"));
+        let (one, two) = (render(&request(first, ToolChoice::Auto)), render(&request(second, ToolChoice::Auto)));
+        assert!(two.starts_with(&one), "the prefix a KV cache reuses");
+    }
+
+    #[test]
+    fn the_template_is_recognised_from_the_model_file() {
+        assert_eq!(Template::recognise("{{'<|im_start|>'}} ... <tool_call> ..."), Some(Template::QwenTools));
+        assert_eq!(Template::recognise("[INST] {{ message }} [/INST]"), None);
+    }
+
+    #[test]
+    fn calls_with_and_without_tags_are_read_back() {
+        let offered = vec!["text_stats".to_owned()];
+        let tagged = parse_reply(
+            "Let me count.\n<tool_call>\n{\"name\": \"text_stats\", \"arguments\": {\"text\": \"a b\"}}\n</tool_call>",
+            &offered,
+            "t1",
+        );
+        assert_eq!(tagged.calls.len(), 1);
+        assert_eq!(tagged.calls[0].args, json!({"text": "a b"}));
+        assert_eq!(tagged.text, "Let me count.");
+        let bare = parse_reply("{\"name\": \"text_stats\", \"arguments\": {\"text\": \"x\"}}", &offered, "t1");
+        assert_eq!(bare.calls[0].name, "text_stats", "the call the model wrote without its tags");
+        let prose = parse_reply("There are 2 words.", &offered, "t1");
+        assert!(prose.calls.is_empty());
+        assert_eq!(prose.text, "There are 2 words.");
+    }
+
+    #[test]
+    fn the_grammar_names_only_offered_tools() {
+        assert_eq!(call_grammar(&[]), None);
+        let grammar = call_grammar(&["text_stats".to_owned(), "todo_write".to_owned()]).unwrap();
+        assert!(grammar.contains(r#"name ::= "\"text_stats\"" | "\"todo_write\"""#), "{grammar}");
+        assert!(grammar.starts_with("root ::= call (\"\\n\" call)* | body"), "{grammar}");
+    }
+
+    #[test]
+    fn text_is_streamed_until_a_call_may_start() {
+        let mut gate = TextGate::default();
+        assert_eq!(gate.release("The answer"), "The answer");
+        assert_eq!(gate.release("The answer is <tool"), " is ", "a possible tag is held back");
+        assert_eq!(gate.release("The answer is <b>"), "<b>", "and released when it is not one");
+        assert_eq!(gate.release("The answer is <b><tool_call>{"), "");
+        assert_eq!(gate.released(), "The answer is <b>".len());
+
+        let mut json = TextGate::default();
+        assert_eq!(json.release("  "), "");
+        assert_eq!(json.release("  {\"name\""), "", "output opening with JSON may be a call");
+        assert_eq!(json.release("  {\"name\": 1} and text"), "");
+    }
+}
