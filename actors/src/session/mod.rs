@@ -358,8 +358,12 @@ impl Session {
         let tools = prompt::offered_tools(&live.agent, &self.shared.pool.registry, &blocked);
         let system = prompt::system_prompt(&live.agent, &tools, &self.shared.config.tool_docs);
         let note = prompt::state_note(&live.plan, &blocked);
-        let request =
-            prompt::build_request(system, &live.conversation, note, tools, synthesis, live.run.limits.max_turns);
+        if let Some(note) = note
+            && prompt::last_note(&live.conversation) != Some(note.as_str())
+        {
+            self.append_message(live, turn, Message::text(Role::System, note));
+        }
+        let request = prompt::build_request(system, &live.conversation, tools, synthesis, live.run.limits.max_turns);
         let model = live.model.clone();
         let limit = self.shared.config.model_timeout;
         let done = ModelDoneGuard { session: myself.clone(), turn, started: Instant::now(), sent: false };

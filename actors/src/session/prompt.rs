@@ -1,11 +1,13 @@
 //! What the model sees: the system prompt (instructions and `<available_tools>`),
-//! the conversation, the current `<plan>` as a closing note, and the tools on offer;
-//! plus the built-in `ask_user` tool and citation resolution for the final answer.
+//! the conversation, and the tools on offer; plus the built-in `ask_user` tool and
+//! citation resolution for the final answer.
 //!
-//! Everything that changes from turn to turn (the plan, the blocked tools) comes
-//! after the conversation, so each turn's prompt starts with the whole previous one:
-//! a model's prompt cache (a provider's, or the local model's KV cache) serves it
-//! and only the new tokens are processed.
+//! A prompt is append-only: each turn's prompt starts with the whole previous one,
+//! so a model's prompt cache (a provider's, or the local model's KV cache) serves
+//! it and only the new tokens are processed. State that changes (the plan, the
+//! blocked tools) joins the conversation as a note when it changes, instead of
+//! being rewritten in the system prompt; the synthesis turn keeps the tools on
+//! offer (with tool choice `none`) so that it too extends the previous prompt.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock};
@@ -87,8 +89,8 @@ pub fn system_prompt(agent: &AgentConfig, tools: &[Arc<ToolDefinition>], docs: &
     text
 }
 
-/// The state of the run as of this turn, for the end of the prompt: the plan and
-/// the tools blocked for now; `None` before there is either.
+/// The state of the run as of this turn: the plan and the tools blocked for now;
+/// `None` before there is either. It joins the conversation when it changes.
 pub fn state_note(plan: &Plan, blocked: &[String]) -> Option<String> {
     if plan.items.is_empty() && blocked.is_empty() {
         return None;
@@ -103,22 +105,24 @@ pub fn state_note(plan: &Plan, blocked: &[String]) -> Option<String> {
     Some(text)
 }
 
-/// The request for a turn: the system prompt, the conversation, then the state
-/// note if any. The synthesis turn offers no tools and asks for the answer.
+/// The last state note of the conversation.
+pub fn last_note(conversation: &[Message]) -> Option<&str> {
+    conversation.iter().rev().find(|message| message.role == Role::System).map(|message| message.content.as_str())
+}
+
+/// The request for a turn: the system prompt and the conversation. The synthesis
+/// turn lets the model call no tool (they stay listed, the prompt unchanged) and
+/// asks for the answer.
 pub fn build_request(
     system: String,
     conversation: &[Message],
-    note: Option<String>,
     tools: Vec<Arc<ToolDefinition>>,
     synthesis: bool,
     max_turns: u32,
 ) -> ChatRequest {
-    let mut messages = Vec::with_capacity(conversation.len() + 3);
+    let mut messages = Vec::with_capacity(conversation.len() + 2);
     messages.push(Message::text(Role::System, system));
     messages.extend_from_slice(conversation);
-    if let Some(note) = note {
-        messages.push(Message::text(Role::System, note));
-    }
     if synthesis {
         messages.push(Message::text(
             Role::User,
@@ -130,7 +134,7 @@ pub fn build_request(
     }
     ChatRequest {
         messages,
-        tools: if synthesis { Vec::new() } else { tools },
+        tools,
         tool_choice: if synthesis { ToolChoice::None } else { ToolChoice::Auto },
         max_tokens: None,
         temperature: None,

@@ -50,9 +50,8 @@ async fn a_planned_run_calls_two_tools_in_parallel_and_answers() {
     // the whole previous one but its closing note, which prompt caches reuse.
     assert_eq!(requests[0].messages.last().map(|m| m.role), Some(crate::llm::Role::User), "no plan yet: no note");
     for pair in requests.windows(2) {
-        let note = pair[0].messages.last().is_some_and(|m| m.role == crate::llm::Role::System);
-        let kept = pair[0].messages.len() - usize::from(note);
-        assert_eq!(pair[1].messages[..kept], pair[0].messages[..kept]);
+        let kept = pair[0].messages.len();
+        assert_eq!(pair[1].messages[..kept], pair[0].messages[..], "each prompt extends the previous one");
     }
     assert_eq!(tool_messages(&requests[2])[1..], ["alpha".to_owned(), "beta".to_owned()]);
 }
@@ -126,7 +125,8 @@ async fn max_turns_forces_one_tool_free_synthesis_call() {
     let requests = harness.requests();
     assert_eq!(requests.len(), 3, "two tool turns, then the synthesis call");
     let synthesis = &requests[2];
-    assert!(synthesis.tools.is_empty() && synthesis.tool_choice == ToolChoice::None);
+    assert!(synthesis.tool_choice == ToolChoice::None, "no tool may be called");
+    assert!(!synthesis.tools.is_empty(), "the tools stay listed, so the prompt extends the previous one");
     assert!(synthesis.messages.last().unwrap().content.contains("used all 2 turns"));
     // The synthesis reply asked for a tool anyway: it is ignored, and the run answers.
     assert_eq!(count(&events, "tool_call_start"), 2);

@@ -8,7 +8,7 @@
 use std::fmt::Write as _;
 
 use serde_json::Value;
-use troupe_actors::llm::{ChatRequest, Role, ToolChoice};
+use troupe_actors::llm::{ChatRequest, Role};
 
 use crate::llm::recover::{Recovered, recover};
 
@@ -41,14 +41,15 @@ const TOOLS_CLOSING: &str = "\n</tools>\n\nFor each function call, return a json
     <args-json-object>}\n</tool_call><|im_end|>\n";
 
 /// `request` as the prompt text, ending with the opening of the assistant's turn.
-/// Tools are listed only when the request lets the model call them.
+/// Its tools are listed even when it lets the model call none (the synthesis
+/// turn), so that the prompt extends the previous turn's.
 pub fn render(request: &ChatRequest) -> String {
     let mut out = String::with_capacity(4096);
     let (system, rest) = match request.messages.split_first() {
         Some((first, rest)) if first.role == Role::System => (first.content.as_str(), rest),
         _ => ("You are a helpful assistant.", request.messages.as_slice()),
     };
-    let tools = if request.tool_choice == ToolChoice::None { &[][..] } else { request.tools.as_slice() };
+    let tools = request.tools.as_slice();
     out.push_str("<|im_start|>system\n");
     out.push_str(system);
     if tools.is_empty() {
@@ -79,13 +80,22 @@ pub fn render(request: &ChatRequest) -> String {
                     out.push('\n');
                     out.push_str(&message.content);
                 }
+                // Calls the model wrote as bare objects are rendered back that way.
+                let bare = message.content.is_empty()
+                    && !message.tool_calls.is_empty()
+                    && message.tool_calls.iter().all(|call| call.call_id.starts_with("json"));
                 for call in &message.tool_calls {
-                    let _ = write!(
-                        out,
-                        "\n<tool_call>\n{{\"name\": {}, \"arguments\": {}}}\n</tool_call>",
+                    let object = format!(
+                        "{{\"name\": {}, \"arguments\": {}}}",
                         python_json(&Value::String(call.name.clone())),
                         python_json(&call.args)
                     );
+                    if bare {
+                        out.push('\n');
+                        out.push_str(&object);
+                    } else {
+                        let _ = write!(out, "\n<tool_call>\n{object}\n</tool_call>");
+                    }
                 }
                 out.push_str("<|im_end|>\n");
             }
@@ -171,6 +181,18 @@ ws ::= [ \t\n]{{0,4}}
     ))
 }
 
+/// The prefix of the ids of a reply's calls. The ids say how the model wrote them
+/// (`call…` in `<tool_call>` tags, `json…` as bare objects), so that the reply is
+/// rendered back into later prompts as the model wrote it: its tokens are then
+/// still those in the KV cache.
+pub fn call_id_prefix(output: &str, number: u64) -> String {
+    if output.contains(CALL_OPEN) || !output.trim_start().starts_with('{') {
+        format!("call{number}")
+    } else {
+        format!("json{number}")
+    }
+}
+
 /// The reply read back: calls in `<tool_call>` blocks, fenced or bare JSON naming
 /// an offered tool, and the text around them.
 pub fn parse_reply(text: &str, offered: &[String], id_prefix: &str) -> Recovered {
@@ -235,7 +257,7 @@ mod tests {
     use std::sync::Arc;
 
     use serde_json::json;
-    use troupe_actors::llm::{Message, ToolDefinition};
+    use troupe_actors::llm::{Message, ToolChoice, ToolDefinition};
     use troupe_actors::protocol::ToolCall;
 
     use super::*;
@@ -284,8 +306,12 @@ mod tests {
     }
 
     #[test]
-    fn the_synthesis_call_offers_no_tools_and_a_missing_system_gets_a_default() {
-        let prompt = render(&request(vec![Message::text(Role::User, "hi")], ToolChoice::None));
+    fn the_synthesis_call_keeps_the_tools_listed_and_a_missing_system_gets_a_default() {
+        let messages = vec![Message::text(Role::System, "S"), Message::text(Role::User, "hi")];
+        assert_eq!(render(&request(messages.clone(), ToolChoice::None)), render(&request(messages, ToolChoice::Auto)));
+        let mut bare = request(vec![Message::text(Role::User, "hi")], ToolChoice::None);
+        bare.tools.clear();
+        let prompt = render(&bare);
         assert_eq!(
             prompt,
             "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
@@ -300,6 +326,22 @@ mod tests {
         second.push(Message::text(Role::User, "more"));
         let (one, two) = (render(&request(first, ToolChoice::Auto)), render(&request(second, ToolChoice::Auto)));
         assert!(two.starts_with(&one), "the prefix a KV cache reuses");
+    }
+
+    #[test]
+    fn calls_are_rendered_back_as_the_model_wrote_them() {
+        let offered = vec!["text_stats".to_owned()];
+        let written = "{\"name\": \"text_stats\", \"arguments\": {\"text\": \"a b\"}}";
+        let read = parse_reply(written, &offered, &call_id_prefix(written, 7));
+        let mut assistant = Message::text(Role::Assistant, read.text);
+        assistant.tool_calls = read.calls;
+        let prompt = render(&request(vec![Message::text(Role::User, "q"), assistant.clone()], ToolChoice::Auto));
+        assert!(prompt.contains(&format!("<|im_start|>assistant\n{written}<|im_end|>")), "{prompt}");
+        let tagged = format!("<tool_call>\n{written}\n</tool_call>");
+        let read = parse_reply(&tagged, &offered, &call_id_prefix(&tagged, 8));
+        assistant.tool_calls = read.calls;
+        let prompt = render(&request(vec![Message::text(Role::User, "q"), assistant], ToolChoice::Auto));
+        assert!(prompt.contains(&format!("<|im_start|>assistant\n{tagged}<|im_end|>")), "{prompt}");
     }
 
     #[test]

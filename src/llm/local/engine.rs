@@ -401,8 +401,13 @@ fn valid_utf8(bytes: &[u8]) -> &str {
 fn finish(settings: &LocalSettings, mut active: Active) {
     static CALLS: AtomicU64 = AtomicU64::new(1);
     let text = String::from_utf8_lossy(&active.generated).into_owned();
-    let prefix = format!("local_{}", CALLS.fetch_add(1, Ordering::Relaxed));
-    let recovered = chat::parse_reply(&text, &active.offered, &prefix);
+    // With no tool to call (the synthesis turn), everything written is the answer.
+    let recovered = if active.offered.is_empty() {
+        crate::llm::recover::Recovered { text: text.trim().to_owned(), ..Default::default() }
+    } else {
+        let number = CALLS.fetch_add(1, Ordering::Relaxed);
+        chat::parse_reply(&text, &active.offered, &chat::call_id_prefix(&text, number))
+    };
     if recovered.calls.is_empty() {
         // Text held back in case it was a call turned out not to be one.
         let rest = text.get(active.gate.released()..).unwrap_or_default().trim_end();
@@ -422,6 +427,7 @@ fn finish(settings: &LocalSettings, mut active: Active) {
         elapsed_ms = active.started.elapsed().as_millis() as u64,
         "local model reply"
     );
+    tracing::trace!(model = %settings.name, output = %text, "local model output");
     let reply = ModelReply {
         content: recovered.text,
         tool_calls: recovered.calls,
