@@ -40,7 +40,7 @@ use troupe_actors::{Deps, Runtime, SubmitRequest};
 #[global_allocator]
 static ALLOCATOR: Jemalloc = Jemalloc;
 
-const REPEATS: usize = 3;
+const ROUNDS: usize = 5;
 
 fn main() {
     let model_path = std::env::var("TROUPE_BENCH_MODEL")
@@ -50,7 +50,6 @@ fn main() {
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
     println!("local model bench: {} on {threads} threads", model_path.display());
 
-    let reference = llama_bench(&model_path, threads);
     let tokio = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     capture_metrics();
     let config = LocalModelConfig {
@@ -60,41 +59,73 @@ fn main() {
         ..LocalModelConfig::default()
     };
     let local = Arc::new(LocalModel::new(config.settings(std::path::Path::new("data")).unwrap()));
-    let (prompt, generation) = tokio.block_on(speeds(&local));
-    println!();
-    println!("| | llama-bench | troupe | troupe / llama-bench |");
-    println!("| --- | --- | --- | --- |");
-    let row = |name: &str, reference: Option<f64>, ours: f64| match reference {
-        Some(reference) => {
-            println!("| {name} | {reference:.1} t/s | {ours:.1} t/s | {:.1} % |", 100.0 * ours / reference)
+    // Load the model (and warm up) before timing.
+    tokio.block_on(async { drain(local.chat(request("Warm up.".into(), "Say hi.".into(), 4)).await.unwrap()).await });
+    // Rounds alternate the two sides, so that drift in the machine's load touches
+    // both alike; each round's ratio is kept, and the medians reported.
+    let binary = llama_bench_binary();
+    let (mut prompt_ratios, mut generation_ratios) = (Vec::new(), Vec::new());
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    for round in 0..ROUNDS {
+        let reference = binary.as_deref().and_then(|binary| llama_bench(binary, &model_path, threads));
+        let measured = tokio.block_on(speeds(&local, round));
+        println!(
+            "round {round}: troupe pp {:.1} t/s, tg {:.1} t/s; llama-bench {}",
+            measured.0,
+            measured.1,
+            reference.map_or("(not run)".to_owned(), |r| format!("pp512 {:.1} t/s, tg128 {:.1} t/s", r.0, r.1))
+        );
+        if let Some(reference) = reference {
+            prompt_ratios.push(measured.0 / reference.0);
+            generation_ratios.push(measured.1 / reference.1);
+            theirs.push(reference);
         }
-        None => println!("| {name} | (not run) | {ours:.1} t/s | |"),
+        ours.push(measured);
+    }
+    let median = |mut values: Vec<f64>| {
+        values.sort_by(f64::total_cmp);
+        values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
     };
-    row("prompt processing", reference.map(|r| r.0), prompt);
-    row("generation", reference.map(|r| r.1), generation);
+    println!();
+    println!("| medians of {ROUNDS} rounds | llama-bench | troupe | troupe / llama-bench |");
+    println!("| --- | --- | --- | --- |");
+    println!(
+        "| prompt processing | {:.1} t/s | {:.1} t/s | {:.1} % |",
+        median(theirs.iter().map(|r| r.0).collect()),
+        median(ours.iter().map(|r| r.0).collect()),
+        100.0 * median(prompt_ratios)
+    );
+    println!(
+        "| generation | {:.1} t/s | {:.1} t/s | {:.1} % |",
+        median(theirs.iter().map(|r| r.1).collect()),
+        median(ours.iter().map(|r| r.1).collect()),
+        100.0 * median(generation_ratios)
+    );
 
     let share = tokio.block_on(cache_share(local));
     println!();
     println!("prompt tokens from the cache on turns >= 2: {:.1} %", share * 100.0);
 }
 
-/// llama-bench's pp512 and tg128 in tokens per second, if it can be run.
-fn llama_bench(model: &std::path::Path, threads: usize) -> Option<(f64, f64)> {
-    let binary = match std::env::var("TROUPE_BENCH_LLAMA_BENCH") {
-        Ok(path) => path,
-        Err(_) => {
-            let built = Command::new("benches/llama-cpp-reference.sh").output().ok()?;
-            if !built.status.success() {
-                eprintln!("llama-bench could not be built: {}", String::from_utf8_lossy(&built.stderr));
-                return None;
-            }
-            String::from_utf8(built.stdout).ok()?.trim().to_owned()
-        }
-    };
-    let output = Command::new(&binary)
+/// The reference binary: `TROUPE_BENCH_LLAMA_BENCH`, or built by the script.
+fn llama_bench_binary() -> Option<String> {
+    if let Ok(path) = std::env::var("TROUPE_BENCH_LLAMA_BENCH") {
+        return Some(path);
+    }
+    let built = Command::new("benches/llama-cpp-reference.sh").output().ok()?;
+    if !built.status.success() {
+        eprintln!("llama-bench could not be built: {}", String::from_utf8_lossy(&built.stderr));
+        return None;
+    }
+    Some(String::from_utf8(built.stdout).ok()?.trim().to_owned())
+}
+
+/// One run of llama-bench: its pp512 and tg128 in tokens per second.
+fn llama_bench(binary: &str, model: &std::path::Path, threads: usize) -> Option<(f64, f64)> {
+    let output = Command::new(binary)
         .arg("-m")
         .arg(model)
-        .args(["-p", "512", "-n", "128", "-t", &threads.to_string(), "-r", &REPEATS.to_string(), "-o", "json"])
+        .args(["-p", "512", "-n", "128", "-t", &threads.to_string(), "-r", "1", "-o", "json"])
         .output()
         .ok()?;
     let results: Vec<Value> = serde_json::from_slice(&output.stdout).ok()?;
@@ -104,9 +135,7 @@ fn llama_bench(model: &std::path::Path, threads: usize) -> Option<(f64, f64)> {
             .find(|result| result["n_prompt"] == prompt && result["n_gen"] == generated)
             .and_then(|result| result["avg_ts"].as_f64())
     };
-    let (pp, tg) = (speed(512, 0)?, speed(0, 128)?);
-    println!("llama-bench ({binary}): pp512 {pp:.1} t/s, tg128 {tg:.1} t/s");
-    Some((pp, tg))
+    Some((speed(512, 0)?, speed(0, 128)?))
 }
 
 fn request(system: String, user: String, max_tokens: u32) -> ChatRequest {
@@ -120,35 +149,20 @@ fn request(system: String, user: String, max_tokens: u32) -> ChatRequest {
 }
 
 /// Prompt and generation tokens per second through troupe's model client.
-async fn speeds(local: &Arc<LocalModel>) -> (f64, f64) {
-    // Load the model (and warm up) before timing.
-    drain(local.chat(request("Warm up.".into(), "Say hi.".into(), 4)).await.unwrap()).await;
+async fn speeds(local: &Arc<LocalModel>, round: usize) -> (f64, f64) {
     let words = "the runtime keeps every run durable while agents plan call tools and review their work ";
-    let mut prompt_rates = Vec::new();
-    for repeat in 0..REPEATS {
-        // A different first line each time: nothing of the prompt is cached.
-        let system = format!("Session {repeat}-{}. Summarise the text.", fastrand::u64(..));
-        let started = Instant::now();
-        let (usage, _, _) = drain(local.chat(request(system, words.repeat(33), 1)).await.unwrap()).await;
-        prompt_rates.push(usage.0 as f64 / started.elapsed().as_secs_f64());
-    }
-    let mut generation_rates = Vec::new();
-    for repeat in 0..REPEATS {
-        let system = format!("Run {repeat}-{}. You are a counter.", fastrand::u64(..));
-        let user = "Write every whole number from 1 to 1000 in order, separated by commas, and nothing else.";
-        let (usage, first, last) = drain(local.chat(request(system, user.into(), 128)).await.unwrap()).await;
-        let span = last.duration_since(first.unwrap_or(last)).as_secs_f64();
-        if usage.1 > 1 && span > 0.0 {
-            generation_rates.push((usage.1 - 1) as f64 / span);
-        }
-        println!("generation {repeat}: {} tokens", usage.1);
-    }
-    let median = |mut values: Vec<f64>| {
-        values.sort_by(f64::total_cmp);
-        values.get(values.len() / 2).copied().unwrap_or(0.0)
-    };
-    println!("troupe prompt: {prompt_rates:.1?} t/s; generation: {generation_rates:.1?} t/s");
-    (median(prompt_rates), median(generation_rates))
+    // A different first line each time: nothing of the prompt is cached. About
+    // 500 tokens: one decode batch, as llama-bench's pp512.
+    let system = format!("Session {round}-{}. Summarise the text.", fastrand::u64(..));
+    let started = Instant::now();
+    let (usage, _, _) = drain(local.chat(request(system, words.repeat(31), 1)).await.unwrap()).await;
+    let prompt = usage.0 as f64 / started.elapsed().as_secs_f64();
+    let system = format!("Run {round}-{}. You are a counter.", fastrand::u64(..));
+    let user = "Write every whole number from 1 to 1000 in order, separated by commas, and nothing else.";
+    let (usage, first, last) = drain(local.chat(request(system, user.into(), 128)).await.unwrap()).await;
+    let span = last.duration_since(first.unwrap_or(last)).as_secs_f64();
+    assert!(usage.1 > 100, "the counting prompt generated only {} tokens", usage.1);
+    (prompt, (usage.1 - 1) as f64 / span)
 }
 
 /// Reads a reply to its end: (input, output) tokens, when the first text arrived,
@@ -220,7 +234,12 @@ async fn cache_share(local: Arc<LocalModel>) -> f64 {
         hooks: Vec::new(),
         agents: vec![agent],
     };
-    let runtime = Runtime::start(RuntimeConfig::default(), deps).await.unwrap();
+    // The tool guide the daemon shows in `<available_tools>`, as in a real run.
+    let config = RuntimeConfig {
+        tool_docs: Arc::new(troupe::tools::guide::parse(troupe::tools::guide::DEFAULT_GUIDE)),
+        ..RuntimeConfig::default()
+    };
+    let runtime = Runtime::start(config, deps).await.unwrap();
     let texts = ["the quick brown fox jumps over the lazy dog", "to be or not to be", "a b c d e f g"];
     for text in texts {
         let question = format!("How many words are in this text: \"{text}\"?");

@@ -154,6 +154,9 @@ struct Active {
     count: u32,
     max_tokens: u32,
     sampler: LlamaSampler,
+    /// Greedy decoding with no grammar: the token is the logits' argmax, read in
+    /// place (the sampler would first copy every token's logit into a candidate list).
+    argmax: bool,
     gate: TextGate,
     offered: Vec<String>,
     started: Instant,
@@ -258,6 +261,7 @@ fn admit(
     let cached = slot.tokens.len();
     slot.last_used = clock;
     let sampler = sampler(model, settings, &job.offered, job.temperature);
+    let argmax = job.temperature <= 0.0 && (job.offered.is_empty() || !settings.grammar);
     slot.active = Some(Active {
         out,
         prompt,
@@ -269,6 +273,7 @@ fn admit(
         count: 0,
         max_tokens,
         sampler,
+        argmax,
         gate: TextGate::default(),
         offered: job.offered,
         started: Instant::now(),
@@ -365,7 +370,13 @@ fn step(
     for slot in slots.iter_mut() {
         let Some(active) = slot.active.as_mut() else { continue };
         let Some(at) = active.logits_at else { continue };
-        let token = active.sampler.sample(context, at);
+        let token = if active.argmax {
+            let logits = context.get_logits_ith(at);
+            let best = logits.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map_or(0, |(index, _)| index);
+            LlamaToken(best as i32)
+        } else {
+            active.sampler.sample(context, at)
+        };
         let vocab = model.vocab();
         let mut stop = vocab.is_eog(token);
         if !stop {
