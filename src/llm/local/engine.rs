@@ -104,7 +104,7 @@ impl Engine {
                     self.queued.fetch_sub(1, Ordering::Relaxed);
                     return Err(ModelError::Overloaded(format!(
                         "{} requests are waiting for the local model (local_model.queue_limit)",
-                        self.settings.queue_limit
+                        self.settings.config.queue_limit
                     )));
                 }
                 Err(TrySendError::Disconnected(back)) => {
@@ -120,7 +120,7 @@ impl Engine {
     }
 
     fn start_thread(&self) -> Result<SyncSender<Work>, ModelError> {
-        let (sender, receiver) = std::sync::mpsc::sync_channel(self.settings.queue_limit.max(1));
+        let (sender, receiver) = std::sync::mpsc::sync_channel(self.settings.config.queue_limit.max(1));
         let (model, settings, queued) = (self.model.clone(), self.settings.clone(), self.queued.clone());
         std::thread::Builder::new()
             .name("troupe-local-model".to_owned())
@@ -168,12 +168,12 @@ const STOPS: &[&str] = &["<|im_end|>", "<|im_start|>", "<|endoftext|>"];
 fn run(model: &LlamaModel, settings: &LocalSettings, receiver: &Receiver<Work>, queued: &AtomicUsize) {
     let Ok(backend) = backend() else { return };
     let threads = i32::try_from(settings.threads).unwrap_or(1);
-    let parallel = settings.parallel.max(1);
-    let total = settings.context.saturating_mul(parallel as u32);
+    let parallel = settings.config.parallel.max(1);
+    let total = settings.config.context.saturating_mul(parallel as u32);
     let params = LlamaContextParams::default()
         .with_n_ctx(NonZeroU32::new(total))
-        .with_n_batch(settings.batch)
-        .with_n_ubatch(settings.batch)
+        .with_n_batch(settings.config.batch)
+        .with_n_ubatch(settings.config.batch)
         .with_n_seq_max(parallel as u32)
         .with_n_threads(threads)
         .with_n_threads_batch(threads);
@@ -190,7 +190,7 @@ fn run(model: &LlamaModel, settings: &LocalSettings, receiver: &Receiver<Work>, 
     };
     let mut slots: Vec<Slot> =
         (0..parallel).map(|seq| Slot { seq: seq as i32, tokens: Vec::new(), active: None, last_used: 0 }).collect();
-    let mut batch = LlamaBatch::new(settings.batch as usize, parallel as i32);
+    let mut batch = LlamaBatch::new(settings.config.batch as usize, parallel as i32);
     let mut clock = 0u64;
     loop {
         // Take new requests while a sequence is free; wait for one when all are idle.
@@ -237,8 +237,8 @@ fn admit(
 ) {
     let Work { job, out } = work;
     let prompt = model.vocab().tokenize(job.prompt.as_bytes(), true, true);
-    let limit = settings.context as usize;
-    let max_tokens = job.max_tokens.min(settings.max_tokens).max(1);
+    let limit = settings.config.context as usize;
+    let max_tokens = job.max_tokens.min(settings.config.max_tokens).max(1);
     if prompt.is_empty() || prompt.len() + max_tokens as usize > limit {
         let _ = out.send(Err(ModelError::ContextOverflow { tokens: prompt.len(), limit: limit - max_tokens as usize }));
         return;
@@ -261,7 +261,7 @@ fn admit(
     let cached = slot.tokens.len();
     slot.last_used = clock;
     let sampler = sampler(model, settings, &job.offered, job.temperature);
-    let argmax = job.temperature <= 0.0 && (job.offered.is_empty() || !settings.grammar);
+    let argmax = job.temperature <= 0.0 && (job.offered.is_empty() || !settings.config.grammar);
     slot.active = Some(Active {
         out,
         prompt,
@@ -288,7 +288,7 @@ fn common_prefix(a: &[LlamaToken], b: &[LlamaToken]) -> usize {
 /// `<tool_call>`), then greedy decoding or temperature sampling.
 fn sampler(model: &LlamaModel, settings: &LocalSettings, offered: &[String], temperature: f32) -> LlamaSampler {
     let mut chain = Vec::new();
-    if settings.grammar
+    if settings.config.grammar
         && let Some(grammar) = chat::call_grammar(offered)
     {
         let triggers: Vec<String> = chat::GRAMMAR_TRIGGERS.iter().map(|&pattern| pattern.to_owned()).collect();
@@ -319,7 +319,7 @@ fn step(
     batch: &mut LlamaBatch,
 ) {
     batch.clear();
-    let mut budget = settings.batch as usize;
+    let mut budget = settings.config.batch as usize;
     let mut added: Vec<(usize, Vec<LlamaToken>)> = Vec::new();
     for (index, slot) in slots.iter_mut().enumerate() {
         let Some(active) = slot.active.as_mut() else { continue };

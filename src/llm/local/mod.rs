@@ -66,22 +66,10 @@ pub struct LocalSettings {
     pub path: PathBuf,
     /// The known model the file should be, if it was named by id.
     pub known: Option<&'static KnownModel>,
-    /// See [`LocalModelConfig`].
-    pub parallel: usize,
-    /// See [`LocalModelConfig`].
-    pub context: u32,
-    /// See [`LocalModelConfig`].
-    pub batch: u32,
-    /// CPU threads (resolved: never 0).
+    /// CPU threads (`config.threads` resolved: never 0).
     pub threads: usize,
-    /// See [`LocalModelConfig`].
-    pub queue_limit: usize,
-    /// See [`LocalModelConfig`].
-    pub max_tokens: u32,
-    /// See [`LocalModelConfig`].
-    pub temperature: f32,
-    /// See [`LocalModelConfig`].
-    pub grammar: bool,
+    /// The rest, as configured (and checked).
+    pub config: LocalModelConfig,
 }
 
 impl LocalModelConfig {
@@ -118,19 +106,7 @@ impl LocalModelConfig {
             0 => std::thread::available_parallelism().map_or(1, usize::from),
             threads => threads,
         };
-        Ok(LocalSettings {
-            name: "local".to_owned(),
-            path,
-            known,
-            parallel: self.parallel,
-            context: self.context,
-            batch: self.batch,
-            threads,
-            queue_limit: self.queue_limit,
-            max_tokens: self.max_tokens,
-            temperature: self.temperature,
-            grammar: self.grammar,
-        })
+        Ok(LocalSettings { name: "local".to_owned(), path, known, threads, config: self.clone() })
     }
 }
 
@@ -205,8 +181,8 @@ impl LocalModel {
         PromptJob {
             prompt: chat::render(request),
             offered,
-            max_tokens: request.max_tokens.unwrap_or(self.settings.max_tokens),
-            temperature: request.temperature.unwrap_or(self.settings.temperature),
+            max_tokens: request.max_tokens.unwrap_or(self.settings.config.max_tokens),
+            temperature: request.temperature.unwrap_or(self.settings.config.temperature),
         }
     }
 
