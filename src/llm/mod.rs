@@ -190,6 +190,12 @@ pub fn build_models(
         clients.insert(name.clone(), build_provider(name, provider, key)?);
     }
     for (name, model) in models {
+        if matches!(name.as_str(), LOCAL | OFFLINE) {
+            return Err(ModelsError::Invalid {
+                provider: model.provider.clone(),
+                message: format!("a model may not be named {name:?}: that name is the built-in one's"),
+            });
+        }
         let provider = clients
             .get(&model.provider)
             .ok_or_else(|| ModelsError::UnknownProvider { model: name.clone(), provider: model.provider.clone() })?;

@@ -41,8 +41,9 @@ pub fn recover(text: &str, offered: &[String], id_prefix: &str) -> Recovered {
     found
 }
 
-/// JSON objects inside text that name an offered tool and carry `arguments` (or
-/// `parameters`): calls written without their tags, or in the wrong ones.
+/// JSON objects that name an offered tool and carry `arguments` (or `parameters`),
+/// preceded by nothing but tags: calls written in the wrong tags (`<plan>{…}`). An
+/// object after prose is a quotation, not a call.
 fn extract_embedded(text: &str, offered: &[String], found: &mut Recovered, id_prefix: &str) -> String {
     let mut rest = String::with_capacity(text.len());
     let mut at = 0;
@@ -51,7 +52,9 @@ fn extract_embedded(text: &str, offered: &[String], found: &mut Recovered, id_pr
         let parsed = values.next().and_then(Result::ok);
         let end = open + values.byte_offset();
         let id = format!("{id_prefix}_{}", found.calls.len());
+        let before = format!("{rest}{}", &text[at..open]);
         let call = parsed
+            .filter(|_| only_tags(&before))
             .filter(|value| value.get("arguments").or_else(|| value.get("parameters")).is_some())
             .and_then(|value| as_call(&value, offered, &id));
         match call {
@@ -124,6 +127,16 @@ fn extract_fenced(text: &str, offered: &[String], found: &mut Recovered, id_pref
     }
     rest.push_str(remaining);
     rest
+}
+
+/// Whether `text` holds nothing but whitespace and `<tags>`.
+fn only_tags(text: &str) -> bool {
+    let mut rest = text.trim_start();
+    while let Some(tag) = rest.strip_prefix('<') {
+        let Some(end) = tag.find('>') else { return false };
+        rest = tag[end + 1..].trim_start();
+    }
+    rest.is_empty()
 }
 
 /// A call if `value` is an object naming an offered tool.
@@ -201,14 +214,16 @@ mod tests {
     #[test]
     fn calls_inside_other_text_are_found_when_they_carry_arguments() {
         let wrapped = recover(
-            "<plan>\n{\"name\": \"search\", \"arguments\": {\"q\": \"a {b}\"}}\n</plan> then {\"name\": \"search\", \"arguments\": {}}",
+            "<plan>\n{\"name\": \"search\", \"arguments\": {\"q\": \"a {b}\"}}\n</plan>\n{\"name\": \"search\", \"arguments\": {}}",
             &offered(),
             "c",
         );
         assert_eq!(wrapped.calls.len(), 2);
         assert_eq!(wrapped.calls[0].args, json!({"q": "a {b}"}));
         assert_eq!((wrapped.calls[0].call_id.as_str(), wrapped.calls[1].call_id.as_str()), ("c_0", "c_1"));
-        assert_eq!(wrapped.text, "<plan>\n\n</plan> then");
+        assert_eq!(wrapped.text, "<plan>\n\n</plan>");
+        let quoted = recover("For example: {\"name\": \"search\", \"arguments\": {}}", &offered(), "c");
+        assert!(quoted.calls.is_empty(), "an object after prose is a quotation");
         let prose =
             recover("Use {\"name\": \"search\"} like so, or {\"name\": \"nope\", \"arguments\": {}}.", &offered(), "c");
         assert!(prose.calls.is_empty(), "no arguments, or a tool not on offer: text");

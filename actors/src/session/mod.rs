@@ -357,7 +357,9 @@ impl Session {
         let blocked = live.ledger.blocked_tools(turn);
         let tools = prompt::offered_tools(&live.agent, &self.shared.pool.registry, &blocked);
         let system = prompt::system_prompt(&live.agent, &tools, &self.shared.config.tool_docs);
-        let note = prompt::state_note(&live.plan, &blocked);
+        // A note that no longer holds is replaced, also by one saying the state is empty.
+        let note = prompt::state_note(&live.plan, &blocked)
+            .or_else(|| prompt::last_note(&live.conversation).map(|_| prompt::EMPTY_STATE_NOTE.to_owned()));
         if let Some(note) = note
             && prompt::last_note(&live.conversation) != Some(note.as_str())
         {

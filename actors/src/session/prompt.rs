@@ -105,6 +105,9 @@ pub fn state_note(plan: &Plan, blocked: &[String]) -> Option<String> {
     Some(text)
 }
 
+/// The note that replaces an earlier one once there is no plan and nothing blocked.
+pub const EMPTY_STATE_NOTE: &str = "The run so far: no plan, and no tool is blocked.";
+
 /// The last state note of the conversation.
 pub fn last_note(conversation: &[Message]) -> Option<&str> {
     conversation.iter().rev().find(|message| message.role == Role::System).map(|message| message.content.as_str())

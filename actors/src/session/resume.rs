@@ -252,8 +252,11 @@ fn canonical_conversation(input: &str, messages: &[StoredMessage]) -> Vec<Messag
     let mut ordered: Vec<&StoredMessage> = messages.iter().collect();
     let rank = |stored: &StoredMessage| -> (u32, usize) {
         let message = &stored.message;
+        // Within a turn: its state note (written before the model call), the reply,
+        // the tool results in call order, then the review.
         let in_turn = match message.role {
-            Role::Assistant => 0,
+            Role::System => 0,
+            Role::Assistant => 1,
             Role::Tool => {
                 let reply = messages.iter().find(|m| m.turn == stored.turn && m.message.role == Role::Assistant);
                 let index = reply.and_then(|reply| {
@@ -263,7 +266,7 @@ fn canonical_conversation(input: &str, messages: &[StoredMessage]) -> Vec<Messag
                         .iter()
                         .position(|call| Some(call.call_id.as_str()) == message.tool_call_id.as_deref())
                 });
-                1 + index.unwrap_or(usize::MAX / 2)
+                2 + index.unwrap_or(usize::MAX / 2)
             }
             _ => usize::MAX,
         };
@@ -279,4 +282,34 @@ fn skip_reason(code: &str) -> Option<SkipReason> {
     [SkipReason::Duplicate, SkipReason::Blocked, SkipReason::InvalidArgs, SkipReason::Denied]
         .into_iter()
         .find(|reason| reason.as_str() == code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::ToolCall;
+
+    #[test]
+    fn a_resumed_conversation_keeps_the_live_order_of_a_turn() {
+        let stored = |turn, message| StoredMessage { turn, message };
+        let mut reply = Message::text(Role::Assistant, "");
+        reply.tool_calls = vec![ToolCall { call_id: "a".into(), name: "t".into(), args: serde_json::json!({}) }];
+        // The live order of turn 2: its note (written before the model call), the
+        // reply, the result, the review; stored in another order.
+        let live = [
+            Message::text(Role::System, "plan v2"),
+            reply.clone(),
+            Message::tool_result("a", "done"),
+            Message::text(Role::User, "review of turn 2"),
+        ];
+        let shuffled = vec![
+            stored(2, live[3].clone()),
+            stored(2, live[2].clone()),
+            stored(2, live[1].clone()),
+            stored(2, live[0].clone()),
+        ];
+        let conversation = canonical_conversation("question", &shuffled);
+        assert_eq!(conversation[0], Message::text(Role::User, "question"));
+        assert_eq!(conversation[1..], live);
+    }
 }

@@ -124,6 +124,9 @@ impl Engine {
         let (model, settings, queued) = (self.model.clone(), self.settings.clone(), self.queued.clone());
         std::thread::Builder::new()
             .name("troupe-local-model".to_owned())
+            // llama.cpp matches the grammar's trigger patterns with std::regex,
+            // which recurses per character of the output: room for long replies.
+            .stack_size(32 << 20)
             .spawn(move || run(&model, &settings, &receiver, &queued))
             .map_err(|error| ModelError::Unavailable(format!("cannot start the engine thread: {error}")))?;
         Ok(sender)
@@ -161,6 +164,9 @@ struct Active {
     offered: Vec<String>,
     started: Instant,
 }
+
+/// The shortest reply a prompt must leave room for in its sequence.
+const MIN_REPLY: usize = 64;
 
 /// Tokens that end a reply even when the model does not emit an end-of-turn token.
 const STOPS: &[&str] = &["<|im_end|>", "<|im_start|>", "<|endoftext|>"];
@@ -236,11 +242,17 @@ fn admit(
     clock: u64,
 ) {
     let Work { job, out } = work;
-    let prompt = model.vocab().tokenize(job.prompt.as_bytes(), true, true);
+    let vocab = model.vocab();
+    let mut prompt = Vec::new();
+    for (index, (text, special)) in job.prompt.iter().enumerate() {
+        prompt.extend(vocab.tokenize(text.as_bytes(), index == 0, *special));
+    }
+    // A long prompt gets a shorter reply, down to MIN_REPLY tokens.
     let limit = settings.config.context as usize;
-    let max_tokens = job.max_tokens.min(settings.config.max_tokens).max(1);
-    if prompt.is_empty() || prompt.len() + max_tokens as usize > limit {
-        let _ = out.send(Err(ModelError::ContextOverflow { tokens: prompt.len(), limit: limit - max_tokens as usize }));
+    let room = limit.saturating_sub(prompt.len());
+    let max_tokens = (job.max_tokens.min(settings.config.max_tokens) as usize).min(room) as u32;
+    if prompt.is_empty() || (max_tokens as usize) < MIN_REPLY.min(job.max_tokens as usize).max(1) {
+        let _ = out.send(Err(ModelError::ContextOverflow { tokens: prompt.len(), limit: limit - MIN_REPLY }));
         return;
     }
     let Some(slot) = slots
@@ -324,12 +336,15 @@ fn step(
     for (index, slot) in slots.iter_mut().enumerate() {
         let Some(active) = slot.active.as_mut() else { continue };
         active.logits_at = None;
-        if let Some(next) = active.next.take()
-            && batch.add(next, slot.tokens.len() as i32, &[slot.seq], true).is_ok()
-        {
-            active.logits_at = Some(batch.n_tokens() - 1);
-            added.push((index, vec![next]));
-            budget -= 1;
+        if let Some(next) = active.next.take() {
+            if budget > 0 && batch.add(next, slot.tokens.len() as i32, &[slot.seq], true).is_ok() {
+                active.logits_at = Some(batch.n_tokens() - 1);
+                added.push((index, vec![next]));
+                budget -= 1;
+            } else {
+                // No room this step: decoded with the next one.
+                active.next = Some(next);
+            }
         }
     }
     for (index, slot) in slots.iter_mut().enumerate() {
@@ -338,19 +353,21 @@ fn step(
             continue;
         }
         let take = budget.min(active.prompt.len() - active.fed);
-        let chunk = active.prompt[active.fed..active.fed + take].to_vec();
-        for (offset, token) in chunk.iter().enumerate() {
+        let mut chunk = Vec::with_capacity(take);
+        for (offset, token) in active.prompt[active.fed..active.fed + take].iter().enumerate() {
             let last = active.fed + offset + 1 == active.prompt.len();
             let position = (slot.tokens.len() + offset) as i32;
             if batch.add(*token, position, &[slot.seq], last).is_err() {
                 break;
             }
+            chunk.push(*token);
             if last {
                 active.logits_at = Some(batch.n_tokens() - 1);
             }
         }
-        active.fed += take;
-        budget -= take;
+        // Only what went into the batch counts as read.
+        active.fed += chunk.len();
+        budget -= chunk.len();
         added.push((index, chunk));
     }
     if let Err(error) = context.decode(batch) {
@@ -382,12 +399,12 @@ fn step(
         if !stop {
             active.generated.extend(vocab.token_to_piece(token, true, None));
             active.count += 1;
-            let text = valid_utf8(&active.generated);
+            let text = valid_utf8(&active.generated).into_owned();
             if let Some(at) = STOPS.iter().filter_map(|stop| text.find(stop)).min() {
-                active.generated.truncate(at);
+                active.generated = text.as_bytes()[..at].to_vec();
                 stop = true;
             } else {
-                let piece = active.gate.release(text);
+                let piece = active.gate.release(&text);
                 if !piece.is_empty() {
                     let _ = active.out.send(Ok(ModelChunk::Delta(ModelDelta::Text(piece.to_owned()))));
                 }
@@ -401,11 +418,13 @@ fn step(
     }
 }
 
-/// The longest valid UTF-8 prefix (a token may end inside a character).
-fn valid_utf8(bytes: &[u8]) -> &str {
+/// The output as text so far: a character a token ended inside of waits for the
+/// next token; bytes that can never be UTF-8 are shown replaced.
+fn valid_utf8(bytes: &[u8]) -> std::borrow::Cow<'_, str> {
     match std::str::from_utf8(bytes) {
-        Ok(text) => text,
-        Err(error) => std::str::from_utf8(&bytes[..error.valid_up_to()]).unwrap_or_default(),
+        Ok(text) => text.into(),
+        Err(error) if error.error_len().is_none() => String::from_utf8_lossy(&bytes[..error.valid_up_to()]),
+        Err(_) => String::from_utf8_lossy(bytes),
     }
 }
 
@@ -414,7 +433,9 @@ fn finish(settings: &LocalSettings, mut active: Active) {
     let text = String::from_utf8_lossy(&active.generated).into_owned();
     // With no tool to call (the synthesis turn), everything written is the answer.
     let recovered = if active.offered.is_empty() {
-        crate::llm::recover::Recovered { text: text.trim().to_owned(), ..Default::default() }
+        // A call written anyway (tags and all) is no part of the answer.
+        let read = chat::parse_reply(&text, &[], "unused");
+        crate::llm::recover::Recovered { text: read.text, ..Default::default() }
     } else {
         let number = CALLS.fetch_add(1, Ordering::Relaxed);
         chat::parse_reply(&text, &active.offered, &chat::call_id_prefix(&text, number))

@@ -90,8 +90,10 @@ impl LocalModelConfig {
                 ));
             }
         };
-        if self.parallel == 0 || self.batch == 0 || self.queue_limit == 0 {
-            return Err("local_model.parallel, batch and queue_limit must be at least 1".to_owned());
+        if self.parallel == 0 || self.queue_limit == 0 || (self.batch as usize) < self.parallel {
+            return Err(
+                "local_model.parallel and queue_limit must be at least 1, and batch at least parallel".to_owned()
+            );
         }
         if self.max_tokens == 0 || self.context < self.max_tokens.saturating_add(64) {
             return Err(format!(
@@ -118,8 +120,8 @@ pub fn models_dir(data_dir: &Path) -> PathBuf {
 /// What the engine is asked to do for one request.
 #[derive(Debug, Clone)]
 pub struct PromptJob {
-    /// The rendered prompt.
-    pub prompt: String,
+    /// The rendered prompt, in pieces: markup (special tokens parsed) or text.
+    pub prompt: Vec<(String, bool)>,
     /// Names of the tools the model may call.
     pub offered: Vec<String>,
     /// Longest reply.
@@ -179,7 +181,7 @@ impl LocalModel {
             ToolChoice::Auto => request.tools.iter().map(|tool| tool.name.clone()).collect(),
         };
         PromptJob {
-            prompt: chat::render(request),
+            prompt: chat::segments(request),
             offered,
             max_tokens: request.max_tokens.unwrap_or(self.settings.config.max_tokens),
             temperature: request.temperature.unwrap_or(self.settings.config.temperature),

@@ -362,6 +362,9 @@ pub fn extract_member(archive: &mut File, name: &str, out: &mut impl Write) -> R
     let u32_at = |bytes: &[u8], at: usize| u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]);
     let entries = u16_at(&tail, eocd + 10);
     let (directory_size, directory_offset) = (u32_at(&tail, eocd + 12), u32_at(&tail, eocd + 16));
+    if u64::from(directory_offset) + u64::from(directory_size) > len {
+        return Err("the central directory lies beyond the end of the file".to_owned());
+    }
     archive.seek(SeekFrom::Start(u64::from(directory_offset))).map_err(io)?;
     let mut directory = vec![0u8; directory_size as usize];
     archive.read_exact(&mut directory).map_err(io)?;
@@ -383,6 +386,9 @@ pub fn extract_member(archive: &mut File, name: &str, out: &mut impl Write) -> R
         if entry_name != name.as_bytes() {
             continue;
         }
+        if u64::from(local) + 30 + u64::from(packed) > len {
+            return Err(format!("{name}: its data lies beyond the end of the file"));
+        }
         let mut header = [0u8; 30];
         archive.seek(SeekFrom::Start(u64::from(local))).map_err(io)?;
         archive.read_exact(&mut header).map_err(io)?;
@@ -394,7 +400,9 @@ pub fn extract_member(archive: &mut File, name: &str, out: &mut impl Write) -> R
         let data = Read::by_ref(archive).take(u64::from(packed));
         let copied = match method {
             0 => std::io::copy(&mut { data }, out).map_err(io)?,
-            8 => std::io::copy(&mut flate2::read::DeflateDecoder::new(data), out).map_err(io)?,
+            // Never more than the archive says (and one byte to notice): no zip bomb.
+            8 => std::io::copy(&mut flate2::read::DeflateDecoder::new(data).take(u64::from(size) + 1), out)
+                .map_err(io)?,
             other => return Err(format!("{name}: unsupported compression method {other}")),
         };
         if copied != u64::from(size) {

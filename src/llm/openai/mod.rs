@@ -21,7 +21,7 @@ use bytes::Bytes;
 use futures::stream::{self, BoxStream, StreamExt};
 use serde_json::Value;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use troupe_actors::llm::{ChatRequest, ModelChunk, ModelClient, ModelError, ModelStream};
+use troupe_actors::llm::{ChatRequest, ModelChunk, ModelClient, ModelError, ModelStream, ToolChoice};
 use troupe_actors::metrics;
 
 pub use retry::{Attempt, RetryPolicy, parse_retry_after, with_retries};
@@ -245,7 +245,12 @@ impl ModelClient for OpenAiModel {
             buffer: Vec::new(),
             accumulator: Accumulator::default(),
             pending: VecDeque::new(),
-            offered: request.tools.iter().map(|tool| tool.name.clone()).collect(),
+            // Tools listed with tool choice `none` (the synthesis turn) may not be
+            // called: nothing in its text is read as a call.
+            offered: match request.tool_choice {
+                ToolChoice::Auto => request.tools.iter().map(|tool| tool.name.clone()).collect(),
+                ToolChoice::None => Vec::new(),
+            },
             stream: self.settings.stream,
             provider: self.provider.clone(),
             model: self.settings.clone(),
