@@ -20,8 +20,9 @@ use chrono::Utc;
 use tokio::sync::{mpsc, oneshot};
 use troupe_actors::store::StoreError;
 
+use crate::store::encode::stamp;
 use crate::store::group::{Fixed, GroupWrite, Job, RunState, Slot, Text, plan};
-use crate::store::{Columns, Pool, TERMINAL, backend, stamp};
+use crate::store::{Columns, Pool, TERMINAL, backend};
 
 /// At most this many jobs share a transaction.
 const MAX_GROUP: usize = 1024;
