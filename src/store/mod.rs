@@ -36,10 +36,12 @@ mod writer;
 const SQLITE_MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../../migrations/sqlite/0001_runs.sql")),
     (2, include_str!("../../migrations/sqlite/0002_run_counters.sql")),
+    (3, include_str!("../../migrations/sqlite/0003_deferred_run_keys.sql")),
 ];
 const POSTGRES_MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../../migrations/postgres/0001_runs.sql")),
     (2, include_str!("../../migrations/postgres/0002_run_counters.sql")),
+    (3, include_str!("../../migrations/postgres/0003_deferred_run_keys.sql")),
 ];
 
 /// Statuses of runs that have ended (what retention may delete).
