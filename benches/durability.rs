@@ -1,9 +1,11 @@
 //! What durability costs per turn: the in-process workload of the core's bench
 //! (`actors/benches/turns.rs`) on the memory store, SQLite and PostgreSQL.
 //!
-//! `cargo bench --bench durability [-- RUNS]`; PostgreSQL from `TROUPE_BENCH_PG_URL`
-//! (default `postgres://postgres@127.0.0.1:5432/postgres`; each run creates its
-//! own database and drops it at the end), skipped if unreachable.
+//! `cargo bench --bench durability [-- RUNS] [STORE…]`; PostgreSQL from
+//! `TROUPE_BENCH_PG_URL` (default `postgres://postgres@127.0.0.1:5432/postgres`;
+//! each run creates its own database and drops it at the end), skipped if
+//! unreachable. Naming stores (`memory`, `sqlite`, `postgres`) runs only those, so
+//! that an instruction count (`valgrind --tool=callgrind`) covers one store.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -19,21 +21,24 @@ use troupe_actors::testing::bench::throughput;
 static ALLOCATOR: Jemalloc = Jemalloc;
 
 fn main() {
-    let runs: usize =
-        std::env::args().skip(1).find(|a| !a.starts_with('-')).and_then(|n| n.parse().ok()).unwrap_or(2000);
+    let args: Vec<String> = std::env::args().skip(1).filter(|arg| !arg.starts_with('-')).collect();
+    let runs: usize = args.iter().find_map(|arg| arg.parse().ok()).unwrap_or(2000);
+    let named: Vec<&str> = args.iter().filter(|arg| arg.parse::<usize>().is_err()).map(String::as_str).collect();
+    let wanted = |name: &str| named.is_empty() || named.contains(&name);
     let tokio = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     let dir = std::env::temp_dir().join(format!("troupe-bench-{}", RunId::new()));
     let sqlite_url = format!("sqlite://{}", dir.join("bench.db").display());
-    let postgres = tokio.block_on(postgres());
+    let postgres = if wanted("postgres") { tokio.block_on(postgres()) } else { None };
     let stores: Vec<(&str, Option<Arc<dyn RunStore>>)> = tokio.block_on(async {
+        let sqlite = if wanted("sqlite") { Some(SqlStore::connect(&sqlite_url).await.unwrap()) } else { None };
         vec![
             ("memory", Some(Arc::new(MemoryStore::new()) as Arc<dyn RunStore>)),
-            ("sqlite", Some(Arc::new(SqlStore::connect(&sqlite_url).await.unwrap()) as Arc<dyn RunStore>)),
+            ("sqlite", sqlite.map(|store| Arc::new(store) as Arc<dyn RunStore>)),
             ("postgres", postgres.as_ref().map(|bench| Arc::new(bench.store.clone()) as Arc<dyn RunStore>)),
         ]
     });
     println!("durability bench: {runs} runs x 3 turns each, unobserved");
-    for (name, store) in stores {
+    for (name, store) in stores.into_iter().filter(|(name, _)| wanted(name)) {
         let Some(store) = store else {
             println!("{name:>8}: skipped (no server)");
             continue;

@@ -14,7 +14,8 @@ use std::sync::Arc;
 use troupe_actors::protocol::{RunEvent, RunId};
 use troupe_actors::store::{Commit, RunRecord, StoreError, StoreWrite, check_sequence};
 
-use crate::store::{TERMINAL, json, stamp};
+use crate::store::TERMINAL;
+use crate::store::encode::{event_body, json, run_id as id_text, stamp};
 
 /// Text shared between a job and the rows written from it: a group that fails is
 /// written again one job at a time, and binding an `Arc<str>` copies nothing.
@@ -107,7 +108,7 @@ impl Job {
             document_count: 0,
             updated_at: stamp(run.updated_at).into(),
         };
-        let id = run.run_id.to_string().into();
+        let id = id_text(run.run_id);
         Ok(Job::Create { run_id: run.run_id, id, fixed, state, events: encode_events(events)? })
     }
 
@@ -121,7 +122,7 @@ impl Job {
         }
         let writes = commit.writes.iter().map(encode_write).collect::<Result<_, _>>()?;
         let events = encode_events(&commit.events)?;
-        Ok(Job::Commit { run_id, id: run_id.to_string().into(), expected, events, writes })
+        Ok(Job::Commit { run_id, id: id_text(run_id), expected, events, writes })
     }
 
     /// The id of the run the job touches.
@@ -135,7 +136,9 @@ impl Job {
 fn encode_events(events: &[RunEvent]) -> Result<Vec<EncodedEvent>, StoreError> {
     events
         .iter()
-        .map(|event| Ok(EncodedEvent { seq: event.seq as i64, kind: event.kind.name(), body: json(event)?.into() }))
+        .map(|event| {
+            Ok(EncodedEvent { seq: event.seq as i64, kind: event.kind.name(), body: event_body(event)?.into() })
+        })
         .collect()
 }
 

@@ -17,7 +17,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sqlx::postgres::{PgPoolOptions, PgRow};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
@@ -25,9 +24,11 @@ use sqlx::{PgPool, Row, SqlitePool};
 use troupe_actors::protocol::{Plan, RunEvent, RunId};
 use troupe_actors::store::{Commit, RunQuery, RunRecord, RunSnapshot, RunStore, StoreError};
 
+use crate::store::encode::stamp;
 use crate::store::group::Job;
 use crate::store::writer::Writer;
 
+mod encode;
 mod group;
 mod writer;
 
@@ -35,10 +36,12 @@ mod writer;
 const SQLITE_MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../../migrations/sqlite/0001_runs.sql")),
     (2, include_str!("../../migrations/sqlite/0002_run_counters.sql")),
+    (3, include_str!("../../migrations/sqlite/0003_deferred_run_keys.sql")),
 ];
 const POSTGRES_MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../../migrations/postgres/0001_runs.sql")),
     (2, include_str!("../../migrations/postgres/0002_run_counters.sql")),
+    (3, include_str!("../../migrations/postgres/0003_deferred_run_keys.sql")),
 ];
 
 /// Statuses of runs that have ended (what retention may delete).
@@ -100,10 +103,6 @@ fn backend(error: sqlx::Error) -> StoreError {
     StoreError::Backend(error.to_string())
 }
 
-fn json<T: Serialize>(value: &T) -> Result<String, StoreError> {
-    serde_json::to_string(value).map_err(|error| StoreError::Backend(format!("cannot encode: {error}")))
-}
-
 fn parse<T: DeserializeOwned>(text: &str) -> Result<T, StoreError> {
     serde_json::from_str(text).map_err(|error| StoreError::Backend(format!("cannot decode a stored row: {error}")))
 }
@@ -111,12 +110,6 @@ fn parse<T: DeserializeOwned>(text: &str) -> Result<T, StoreError> {
 /// Decodes every JSON body a query returned.
 fn parse_all<T: DeserializeOwned>(bodies: Result<Vec<String>, sqlx::Error>) -> Result<Vec<T>, StoreError> {
     bodies.map_err(backend)?.iter().map(|body| parse(body)).collect()
-}
-
-/// A stored time: RFC 3339 in UTC with a fixed width (microseconds, `Z`), so that
-/// comparing the text compares the times (retention relies on it).
-fn stamp(time: DateTime<Utc>) -> String {
-    time.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
 }
 
 fn time(text: &str) -> Result<DateTime<Utc>, StoreError> {

@@ -17,11 +17,13 @@
 use std::collections::HashMap;
 
 use chrono::Utc;
+use sqlx::Arguments;
 use tokio::sync::{mpsc, oneshot};
 use troupe_actors::store::StoreError;
 
+use crate::store::encode::stamp;
 use crate::store::group::{Fixed, GroupWrite, Job, RunState, Slot, Text, plan};
-use crate::store::{Columns, Pool, TERMINAL, backend, stamp};
+use crate::store::{Columns, Pool, TERMINAL, backend};
 
 /// At most this many jobs share a transaction.
 const MAX_GROUP: usize = 1024;
@@ -115,36 +117,94 @@ async fn write_jobs(pool: &Pool, jobs: &[Job], known: &mut Known) -> Vec<Result<
 }
 
 /// Binds the rows of one table as multi-row `INSERT … VALUES (…), (…)` statements.
-/// Only placeholders are added to the SQL text (by `push_values`/`push_bind`);
-/// every value is a bound parameter. Rows go in chunks of a power of two (at most
-/// [`MAX_ROWS`]), so each table has a handful of statement shapes that stay
-/// prepared: parsing a fresh 500-row statement cost as much as running it.
+/// Only placeholders are added to the SQL text ([`values_sql`]); every value is a
+/// bound parameter. Rows go in chunks of a power of two (at most [`MAX_ROWS`]),
+/// so each table has a handful of statement shapes that stay prepared: parsing a
+/// fresh 500-row statement cost as much as running it. The values are bound
+/// straight into the statement's arguments ([`Binder`]): `QueryBuilder` wrote
+/// each placeholder and separator through `fmt` as it bound the value.
 /// `$size` estimates a row's bytes on the wire (see [`chunk_len`]).
 macro_rules! insert_rows {
-    ($tx:ident, $limit:expr, $rows:expr, $size:expr, $head:expr, $tail:expr, |$builder:ident, $row:pat_param| $bind:expr) => {{
+    ($tx:ident, $limit:expr, $postgres:expr, $rows:expr, $size:expr, $head:expr, $tail:expr, |$builder:ident, $row:pat_param| $bind:expr) => {{
         let mut rest = &$rows[..];
         while !rest.is_empty() {
             let (chunk, tail) = rest.split_at(chunk_len(rest, $size, $limit));
             rest = tail;
-            let mut query = sqlx::QueryBuilder::new($head);
-            query.push_values(chunk, |mut $builder, $row| {
+            let mut arguments = arguments_for(&$tx);
+            let mut $builder = Binder { arguments: &mut arguments, error: None };
+            for $row in chunk {
                 $bind;
-            });
-            query.push($tail);
-            query.build().execute(&mut *$tx).await.map_err(backend)?;
+            }
+            if let Some(error) = $builder.error {
+                return Err(StoreError::Backend(format!("cannot bind a value: {error}")));
+            }
+            let columns = arguments.len() / chunk.len();
+            let sql = values_sql($head, $tail, columns, chunk.len(), $postgres);
+            sqlx::query_with(sqlx::AssertSqlSafe(sql), arguments).execute(&mut *$tx).await.map_err(backend)?;
         }
     }};
+}
+
+/// Binds one row's values, in order, to a statement's arguments.
+struct Binder<'a, A> {
+    arguments: &'a mut A,
+    /// The first value that could not be encoded; the statement is not run.
+    error: Option<sqlx::error::BoxDynError>,
+}
+
+impl<A: Arguments> Binder<'_, A> {
+    fn push_bind<'t, T: sqlx::Encode<'t, A::Database> + sqlx::Type<A::Database>>(&mut self, value: T) -> &mut Self {
+        if let Err(error) = self.arguments.add(value) {
+            self.error.get_or_insert(error);
+        }
+        self
+    }
+}
+
+/// Empty arguments of the backend of `_tx`.
+fn arguments_for<DB: sqlx::Database>(_tx: &sqlx::Transaction<'_, DB>) -> DB::Arguments {
+    Default::default()
+}
+
+/// `head VALUES (…), (…)tail` with `rows` rows of `columns` placeholders: `?` on
+/// SQLite, `$1`, `$2`… on PostgreSQL.
+fn values_sql(head: &str, tail: &str, columns: usize, rows: usize, postgres: bool) -> String {
+    let mut sql = String::with_capacity(head.len() + tail.len() + 8 + rows * columns * 6);
+    sql.push_str(head);
+    sql.push_str("VALUES ");
+    let mut number = 0;
+    for row in 0..rows {
+        sql.push_str(if row == 0 { "(" } else { ", (" });
+        for column in 0..columns {
+            if column > 0 {
+                sql.push_str(", ");
+            }
+            number += 1;
+            if postgres {
+                sql.push('$');
+                sql.push_str(&number.to_string());
+            } else {
+                sql.push('?');
+            }
+        }
+        sql.push(')');
+    }
+    sql.push_str(tail);
+    sql
 }
 
 /// Writes every row of a planned group inside `$tx`: new runs, changed runs (one
 /// `UPDATE … FROM` a `VALUES` list), then the children of each table in one
 /// multi-row statement. Rows keyed by a primary key are upserts.
 macro_rules! write_rows {
-    ($tx:ident, $limit:expr, $rows:expr) => {{
+    ($tx:ident, $limit:expr, $postgres:expr, $rows:expr) => {{
+        // SQLite: OR FAIL, so that a statement needs no statement journal (see migration 3).
+        let or = if $postgres { "" } else { "OR FAIL " };
         let GroupWrite { created, updated, events, messages, tool_executions, plans, reviews, documents } = $rows;
         insert_rows!(
             $tx,
             $limit,
+            $postgres,
             created,
             |(id, fixed, state): &(Text, Fixed, RunState)| id.len()
                 + fixed.input.len()
@@ -153,8 +213,8 @@ macro_rules! write_rows {
                 + state.final_output.as_ref().map_or(0, |text| text.len())
                 + state.reason.as_ref().map_or(0, |text| text.len())
                 + 128,
-            "INSERT INTO runs (run_id, tenant, parent_run_id, agent, input, limits, status, reason, turn, usage, \
-             final_output, last_seq, message_count, tool_count, document_count, created_at, updated_at) ",
+            &format!("INSERT {or}INTO runs (run_id, tenant, parent_run_id, agent, input, limits, status, reason, turn, usage, \
+             final_output, last_seq, message_count, tool_count, document_count, created_at, updated_at) "),
             "",
             |row, (id, fixed, state)| {
                 row.push_bind(id.clone())
@@ -179,6 +239,7 @@ macro_rules! write_rows {
         insert_rows!(
             $tx,
             $limit,
+            $postgres,
             updated,
             |(id, state): &(Text, RunState)| id.len()
                 + state.usage.len()
@@ -187,11 +248,11 @@ macro_rules! write_rows {
                 + 128,
             "WITH changed (run_id, status, reason, turn, usage, final_output, last_seq, message_count, tool_count, \
              document_count, updated_at) AS (",
-            ") UPDATE runs SET status = changed.status, reason = changed.reason, turn = changed.turn, \
+            &format!(") UPDATE {or}runs SET status = changed.status, reason = changed.reason, turn = changed.turn, \
              usage = changed.usage, final_output = changed.final_output, last_seq = changed.last_seq, \
              message_count = changed.message_count, tool_count = changed.tool_count, \
              document_count = changed.document_count, updated_at = changed.updated_at \
-             FROM changed WHERE runs.run_id = changed.run_id",
+             FROM changed WHERE runs.run_id = changed.run_id"),
             |row, (id, state)| {
                 row.push_bind(id.clone())
                     .push_bind(state.status.clone())
@@ -209,9 +270,10 @@ macro_rules! write_rows {
         insert_rows!(
             $tx,
             $limit,
+            $postgres,
             events,
             |row: &(Text, i64, Text, &str, Text)| row.4.len(),
-            "INSERT INTO run_events (run_id, seq, tenant, kind, body) ",
+            &format!("INSERT {or}INTO run_events (run_id, seq, tenant, kind, body) "),
             "",
             |row, (id, seq, tenant, kind, body)| {
                 row.push_bind(id.clone())
@@ -224,9 +286,10 @@ macro_rules! write_rows {
         insert_rows!(
             $tx,
             $limit,
+            $postgres,
             messages,
             |row: &(Text, i64, Text, i64, Text)| row.4.len(),
-            "INSERT INTO messages (run_id, idx, tenant, turn, body) ",
+            &format!("INSERT {or}INTO messages (run_id, idx, tenant, turn, body) "),
             "",
             |row, (id, idx, tenant, turn, body)| {
                 row.push_bind(id.clone())
@@ -239,9 +302,10 @@ macro_rules! write_rows {
         insert_rows!(
             $tx,
             $limit,
+            $postgres,
             tool_executions,
             |row: &(Text, i64, Text, i64, Text, &str, Text)| row.6.len(),
-            "INSERT INTO tool_executions (run_id, turn, call_id, idx, tenant, status, body) ",
+            &format!("INSERT {or}INTO tool_executions (run_id, turn, call_id, idx, tenant, status, body) "),
             " ON CONFLICT (run_id, turn, call_id) DO UPDATE SET status = excluded.status, body = excluded.body",
             |row, (id, turn, call_id, idx, tenant, status, body)| {
                 row.push_bind(id.clone())
@@ -256,9 +320,10 @@ macro_rules! write_rows {
         insert_rows!(
             $tx,
             $limit,
+            $postgres,
             plans,
             |row: &(Text, i64, Text, Text)| row.3.len(),
-            "INSERT INTO plans (run_id, version, tenant, body) ",
+            &format!("INSERT {or}INTO plans (run_id, version, tenant, body) "),
             " ON CONFLICT (run_id, version) DO UPDATE SET body = excluded.body",
             |row, (id, version, tenant, body)| {
                 row.push_bind(id.clone()).push_bind(*version).push_bind(tenant.clone()).push_bind(body.clone())
@@ -267,9 +332,10 @@ macro_rules! write_rows {
         insert_rows!(
             $tx,
             $limit,
+            $postgres,
             reviews,
             |row: &(Text, i64, Text, Text)| row.3.len(),
-            "INSERT INTO reviews (run_id, turn, tenant, body) ",
+            &format!("INSERT {or}INTO reviews (run_id, turn, tenant, body) "),
             " ON CONFLICT (run_id, turn) DO UPDATE SET body = excluded.body",
             |row, (id, turn, tenant, body)| {
                 row.push_bind(id.clone()).push_bind(*turn).push_bind(tenant.clone()).push_bind(body.clone())
@@ -278,9 +344,10 @@ macro_rules! write_rows {
         insert_rows!(
             $tx,
             $limit,
+            $postgres,
             documents,
             |row: &(Text, i64, Text, Text)| row.3.len(),
-            "INSERT INTO documents (run_id, idx, tenant, body) ",
+            &format!("INSERT {or}INTO documents (run_id, idx, tenant, body) "),
             "",
             |row, (id, idx, tenant, body)| {
                 row.push_bind(id.clone()).push_bind(*idx).push_bind(tenant.clone()).push_bind(body.clone())
@@ -329,7 +396,7 @@ async fn write_group(pool: &Pool, jobs: &[Job], known: &mut Known) -> Result<Vec
                 }
             }
             let (rows, outcomes) = plan(jobs, runs, &now);
-            write_rows!(tx, limit, &rows);
+            write_rows!(tx, limit, $postgres, &rows);
             tx.commit().await.map_err(backend)?;
             remember(known, rows);
             Ok(outcomes)

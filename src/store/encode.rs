@@ -1,0 +1,212 @@
+//! The text the store writes for times and events, formatted by hand where the
+//! generic path was a measurable share of a commit's cost: chrono's `Serialize`
+//! goes through `collect_str` and `fmt` (about 2,600 instructions a timestamp),
+//! and every event carries one. The output is byte for byte what the generic path
+//! writes (the tests compare them), so stored rows read back unchanged.
+
+use chrono::{DateTime, Datelike, Timelike, Utc};
+use serde::Serialize;
+use troupe_actors::protocol::{RunEvent, RunId};
+use troupe_actors::store::StoreError;
+
+use crate::store::group::Text;
+
+/// How many digits of the second's fraction a time is written with.
+#[derive(Clone, Copy)]
+pub(super) enum Fraction {
+    /// Always six (microseconds): fixed width, so comparing the text compares the
+    /// times. What the store's own columns hold (`created_at`, `updated_at`).
+    Micros,
+    /// As few as chrono's `Serialize` writes (none, 3, 6 or 9 digits): what the
+    /// JSON bodies hold.
+    Auto,
+}
+
+/// Appends `time` as RFC 3339 in UTC with a `Z`: what
+/// `to_rfc3339_opts(Micros, true)` (for [`Fraction::Micros`]) or chrono's
+/// `Serialize` (for [`Fraction::Auto`]) writes.
+pub(super) fn push_time(out: &mut String, time: DateTime<Utc>, fraction: Fraction) {
+    let (date, clock) = (time.date_naive(), time.time());
+    let year = date.year();
+    if (0..=9999).contains(&year) {
+        push_digits(out, year as u32, 4);
+    } else {
+        // Outside chrono's four-digit range: its own signed form, never hit in practice.
+        out.push_str(&format!("{year:+05}"));
+    }
+    out.push('-');
+    push_digits(out, date.month(), 2);
+    out.push('-');
+    push_digits(out, date.day(), 2);
+    out.push('T');
+    let mut second = clock.second();
+    let mut nano = clock.nanosecond();
+    // A leap second is held as a nanosecond count past 1e9.
+    if nano >= 1_000_000_000 {
+        second += 1;
+        nano -= 1_000_000_000;
+    }
+    push_digits(out, clock.hour(), 2);
+    out.push(':');
+    push_digits(out, clock.minute(), 2);
+    out.push(':');
+    push_digits(out, second, 2);
+    match fraction {
+        Fraction::Micros => push_fraction(out, nano / 1_000, 6),
+        Fraction::Auto if nano == 0 => {}
+        Fraction::Auto if nano % 1_000_000 == 0 => push_fraction(out, nano / 1_000_000, 3),
+        Fraction::Auto if nano % 1_000 == 0 => push_fraction(out, nano / 1_000, 6),
+        Fraction::Auto => push_fraction(out, nano, 9),
+    }
+    out.push('Z');
+}
+
+fn push_fraction(out: &mut String, value: u32, width: u32) {
+    out.push('.');
+    push_digits(out, value, width);
+}
+
+/// Appends the last `width` decimal digits of `value`, zero-padded.
+fn push_digits(out: &mut String, value: u32, width: u32) {
+    let mut divisor = 10u32.pow(width - 1);
+    while divisor > 0 {
+        out.push(char::from(b'0' + (value / divisor % 10) as u8));
+        divisor /= 10;
+    }
+}
+
+/// A stored time: RFC 3339 in UTC with a fixed width (microseconds, `Z`), so that
+/// comparing the text compares the times (retention relies on it).
+pub(super) fn stamp(time: DateTime<Utc>) -> String {
+    let mut out = String::with_capacity(27);
+    push_time(&mut out, time, Fraction::Micros);
+    out
+}
+
+/// `value` as JSON into a buffer sized for a typical body, so that it is not
+/// grown (reallocated and copied) two or three times as `serde_json::to_string`'s
+/// is.
+pub(super) fn json<T: Serialize + ?Sized>(value: &T) -> Result<String, StoreError> {
+    let mut body = Vec::with_capacity(BODY_CAPACITY);
+    serde_json::to_writer(&mut body, value).map_err(cannot_encode)?;
+    utf8(body)
+}
+
+/// Bytes to reserve for a JSON body: most bodies the store writes are 100 to 500.
+const BODY_CAPACITY: usize = 512;
+
+fn cannot_encode(error: impl std::fmt::Display) -> StoreError {
+    StoreError::Backend(format!("cannot encode: {error}"))
+}
+
+/// serde_json writes UTF-8 only; checking it costs less than growing the buffer.
+fn utf8(body: Vec<u8>) -> Result<String, StoreError> {
+    String::from_utf8(body).map_err(cannot_encode)
+}
+
+/// `event` as JSON, exactly as `serde_json::to_string(event)` writes it, with its
+/// ids and time written by hand. `RunEvent` flattens its kind after its own
+/// fields, so its JSON is those fields followed by the members of the kind's own
+/// JSON object (internally tagged, so never empty): the kind is written after
+/// them and its opening brace becomes the separating comma.
+pub(super) fn event_body(event: &RunEvent) -> Result<String, StoreError> {
+    let mut head = String::with_capacity(BODY_CAPACITY);
+    head.push_str("{\"run_id\":\"");
+    head.push_str(event.run_id.0.hyphenated().encode_lower(&mut uuid::Uuid::encode_buffer()));
+    head.push_str("\",\"seq\":");
+    head.push_str(itoa(event.seq, &mut [0; 20]));
+    head.push_str(",\"ts\":\"");
+    push_time(&mut head, event.ts, Fraction::Auto);
+    head.push('"');
+    if let Some(parent) = event.parent_run_id {
+        head.push_str(",\"parent_run_id\":\"");
+        head.push_str(parent.0.hyphenated().encode_lower(&mut uuid::Uuid::encode_buffer()));
+        head.push('"');
+    }
+    let mut body = head.into_bytes();
+    let kind_at = body.len();
+    serde_json::to_writer(&mut body, &event.kind).map_err(cannot_encode)?;
+    match body.get(kind_at..kind_at + 2) {
+        Some([b'{', b'"']) => body[kind_at] = b',',
+        _ => return Err(cannot_encode(format_args!("the {} event is not a JSON object", event.kind.name()))),
+    }
+    utf8(body)
+}
+
+/// A run id as the store's columns hold it (hyphenated, lowercase), without going
+/// through `fmt`.
+pub(super) fn run_id(run_id: RunId) -> Text {
+    Text::from(&*run_id.0.hyphenated().encode_lower(&mut uuid::Uuid::encode_buffer()))
+}
+
+/// `value` in decimal, written into the end of `buffer`.
+fn itoa(mut value: u64, buffer: &mut [u8; 20]) -> &str {
+    let mut start = buffer.len();
+    loop {
+        start -= 1;
+        buffer[start] = b'0' + (value % 10) as u8;
+        value /= 10;
+        if value == 0 {
+            break;
+        }
+    }
+    // Only ASCII digits were written.
+    std::str::from_utf8(&buffer[start..]).unwrap_or("0")
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use chrono::{NaiveDate, TimeZone};
+    use troupe_actors::protocol::{EventKind, RunStatus};
+
+    use super::*;
+
+    fn times() -> Vec<DateTime<Utc>> {
+        let mut times =
+            vec![Utc::now(), DateTime::<Utc>::UNIX_EPOCH, Utc.with_ymd_and_hms(9999, 12, 31, 23, 59, 59).unwrap()];
+        // Every fraction width, and a leap second.
+        for nano in [0, 1, 7_000, 120_000_000, 999_999_999, 123_456_000, 1_500_000_000] {
+            let time = NaiveDate::from_ymd_opt(2016, 12, 31).unwrap().and_hms_nano_opt(23, 59, 59, nano).unwrap();
+            times.push(Utc.from_utc_datetime(&time));
+        }
+        for year in [0, 1, 999, 2026, -1, 10_000] {
+            let time = NaiveDate::from_ymd_opt(year, 2, 3).unwrap().and_hms_micro_opt(4, 5, 6, 7).unwrap();
+            times.push(Utc.from_utc_datetime(&time));
+        }
+        times
+    }
+
+    #[test]
+    fn times_are_written_as_chrono_writes_them() {
+        for time in times() {
+            assert_eq!(stamp(time), time.to_rfc3339_opts(chrono::SecondsFormat::Micros, true));
+            let mut auto = String::from("\"");
+            push_time(&mut auto, time, Fraction::Auto);
+            auto.push('"');
+            assert_eq!(auto, serde_json::to_string(&time).unwrap());
+        }
+    }
+
+    #[test]
+    fn events_are_written_as_serde_writes_them() {
+        let parents = [None, Some(RunId::new())];
+        let kinds = [
+            EventKind::TurnStart { turn: 1 },
+            EventKind::RunStarted { agent: "a\"gent".into(), input: "line\nbreak ✓".into() },
+            EventKind::RunEnd { status: RunStatus::Succeeded, reason: None },
+            EventKind::InputReceived { text: String::new() },
+        ];
+        for (index, time) in times().into_iter().enumerate() {
+            for parent_run_id in parents {
+                for kind in &kinds {
+                    let seq = [0, 1, 9, 10, 12_345, u64::MAX][index % 6];
+                    let event = RunEvent { run_id: RunId::new(), seq, ts: time, parent_run_id, kind: kind.clone() };
+                    assert_eq!(event_body(&event).unwrap(), serde_json::to_string(&event).unwrap());
+                    assert_eq!(*run_id(event.run_id), *event.run_id.to_string());
+                }
+            }
+        }
+    }
+}
