@@ -154,8 +154,14 @@ impl SqlStore {
             if lock.try_lock().is_err() {
                 return Err(already_owned(&options.get_filename().display().to_string()));
             }
+            // The writer's connection does not enforce foreign keys: every job it
+            // writes names a run the group has read (or knows) in the same
+            // transaction and refuses it if there is none (`group::plan`), so each
+            // child row's lookup of its run would repeat that check (5 % of a
+            // durable turn's instructions). The other connections enforce them,
+            // and retention's deletes, made there, cascade to the children.
             let writer = SqlitePoolOptions::new().max_connections(1).acquire_timeout(Duration::from_secs(10));
-            let writer = writer.connect_with(options.clone()).await.map_err(backend)?;
+            let writer = writer.connect_with(options.clone().foreign_keys(false)).await.map_err(backend)?;
             let pool = SqlitePoolOptions::new().max_connections(4).acquire_timeout(Duration::from_secs(10));
             (Pool::Sqlite(pool.connect_with(options).await.map_err(backend)?), Pool::Sqlite(writer), Owner::File(lock))
         } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {

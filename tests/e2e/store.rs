@@ -19,7 +19,7 @@ use troupe_actors::protocol::{
     TaskStatus, TodoItem, ToolExecutionRecord, Usage,
 };
 use troupe_actors::store::{Commit, MemoryStore, RunQuery, RunRecord, RunStore, StoreError, StoreWrite, StoredMessage};
-use troupe_actors::testing::{EchoTool, LedgerTool, ScriptedModel, calls, text};
+use troupe_actors::testing::{EchoTool, LedgerTool, ScriptedModel, calls, text, todo};
 use troupe_actors::tool::ToolRegistry;
 use troupe_actors::{Deps, Runtime, SubmitRequest};
 
@@ -306,5 +306,47 @@ async fn one_process_drives_a_store_at_a_time() {
     assert!(refused.contains("another troupe process is using"), "{refused}");
     drop(first);
     SqlStore::connect(&url).await.expect("the store is free again once its owner is gone");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The rows a run has in each of its child tables, read straight from the file.
+async fn child_rows(path: &std::path::Path, run_id: RunId) -> Vec<(&'static str, i64)> {
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", path.display())).await.unwrap();
+    let mut counts = Vec::new();
+    for table in ["run_events", "messages", "tool_executions", "plans", "reviews"] {
+        let sql = format!("SELECT COUNT(*) FROM {table} WHERE run_id = ?");
+        let count: i64 =
+            sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).bind(run_id.to_string()).fetch_one(&pool).await.unwrap();
+        counts.push((table, count));
+    }
+    pool.close().await;
+    counts
+}
+
+/// The writer's connection does not enforce foreign keys (it checks each commit's
+/// run itself); retention, on the other connections, still deletes a run's rows in
+/// every child table with it.
+#[tokio::test]
+async fn retention_leaves_no_row_of_a_deleted_run_on_sqlite() {
+    let (store, dir) = sqlite().await;
+    let store = Arc::new(store);
+    let ledger = LedgerTool::default();
+    let model = Arc::new(ScriptedModel::per_turn(vec![
+        calls(&[("todo_write", todo(&[("1", "echo", "in_progress")]))]),
+        calls(&[("echo", json!({"text": "a"}))]),
+        text("done"),
+    ]));
+    let runtime = runtime(store.clone(), model, &ledger).await;
+    let run_id = runtime.submit(SubmitRequest::new("default", "work")).await.unwrap();
+    assert_eq!(runtime.wait(run_id).await.unwrap().status, RunStatus::Succeeded);
+    runtime.shutdown(Duration::from_secs(5)).await;
+    let path = dir.join("nested").join("troupe.db");
+    for (table, count) in child_rows(&path, run_id).await {
+        assert!(count > 0, "the run wrote no row to {table}");
+    }
+    assert_eq!(store.delete_finished(Utc::now() + chrono::Duration::seconds(5), 10).await.unwrap(), 1);
+    for (table, count) in child_rows(&path, run_id).await {
+        assert_eq!(count, 0, "{table} keeps rows of a deleted run");
+    }
     let _ = std::fs::remove_dir_all(dir);
 }
