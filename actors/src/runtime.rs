@@ -24,7 +24,7 @@ use crate::llm::ModelRegistry;
 use crate::metrics;
 use crate::protocol::{EventKind, RunEvent, RunId, RunSpec, RunStatus};
 use crate::session::SessionMsg;
-use crate::store::{Commit, RunRecord, RunStore, StoreError, StoreWrite};
+use crate::store::{Commit, RunRecord, RunSnapshot, RunStore, StoreError, StoreWrite};
 use crate::supervisor::{Handles, Supervisor, SupervisorMsg};
 use crate::tool::ToolRegistry;
 use crate::tool_pool::PoolShared;
@@ -252,7 +252,7 @@ impl Runtime {
             }
             // A parked run waits for a human without a slot.
             let slot = (run.status != RunStatus::WaitingInput).then(|| self.admission.readmit(&run.tenant));
-            match start_session(&self.supervisor, run_id, slot).await {
+            match start_session(&self.supervisor, run_id, slot, None).await {
                 Ok(()) => metrics::run_recovered(),
                 Err(error) => warn!(run_id = %run_id, %error, "could not resume run"),
             }
@@ -311,6 +311,9 @@ impl Runtime {
             parent_run_id,
             kind: EventKind::RunStarted { agent: spec.agent.clone(), input: spec.input },
         };
+        // A run that starts now is handed to its session as created: reading it
+        // back from the store would only return the same record.
+        let created = permit.as_ref().map(|_| Box::new(RunSnapshot::created(record.clone(), 1)));
         self.shared.store.create_run(record, vec![started]).await?;
         metrics::run_started(&spec.agent);
         let Some(permit) = permit else {
@@ -322,7 +325,7 @@ impl Runtime {
             self.admission.freed().notify_one();
             return Ok(run_id);
         };
-        if let Err(error) = start_session(&self.supervisor, run_id, Some(permit)).await {
+        if let Err(error) = start_session(&self.supervisor, run_id, Some(permit), created).await {
             // The run is durable; record that it could not start rather than lose it.
             let _ = end_run(&self.shared, run_id, RunStatus::Failed, "the runtime could not start the run".to_owned())
                 .await;
@@ -504,8 +507,9 @@ async fn start_session(
     supervisor: &ActorRef<SupervisorMsg>,
     run_id: RunId,
     permit: Option<Slot>,
+    created: Option<Box<RunSnapshot>>,
 ) -> Result<(), SubmitError> {
-    let reply = ractor::call!(supervisor, |reply| SupervisorMsg::Start { run_id, permit, reply });
+    let reply = ractor::call!(supervisor, |reply| SupervisorMsg::Start { run_id, permit, created, reply });
     match reply {
         Ok(Ok(())) => Ok(()),
         Ok(Err(error)) => {
@@ -570,7 +574,7 @@ async fn start_queued(
         // An earlier try moved it but reported a failure (the commit landed as the
         // connection broke): it only lacks its session.
         Some(run) if run.status == RunStatus::Running => {
-            return start_session(supervisor, run_id, Some(slot)).await.map_err(QueuedStart::NoSession);
+            return start_session(supervisor, run_id, Some(slot), None).await.map_err(QueuedStart::NoSession);
         }
         _ => return Ok(()),
     }
@@ -581,7 +585,7 @@ async fn start_queued(
         Err(StoreError::Terminal(_)) => return Ok(()),
         Err(error) => return Err(QueuedStart::StillQueued(error)),
     }
-    start_session(supervisor, run_id, Some(slot)).await.map_err(QueuedStart::NoSession)
+    start_session(supervisor, run_id, Some(slot), None).await.map_err(QueuedStart::NoSession)
 }
 
 /// Agents by name, after checking their tools exist.

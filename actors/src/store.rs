@@ -148,6 +148,22 @@ pub struct RunSnapshot {
     pub last_seq: u64,
 }
 
+impl RunSnapshot {
+    /// A run just created with `last_seq` events: no messages, plan, calls,
+    /// reviews or documents yet.
+    pub fn created(run: RunRecord, last_seq: u64) -> Self {
+        Self {
+            run,
+            messages: Vec::new(),
+            plan: Plan::default(),
+            tool_executions: Vec::new(),
+            reviews: Vec::new(),
+            documents: Vec::new(),
+            last_seq,
+        }
+    }
+}
+
 /// A listing filter.
 #[derive(Debug, Clone, Default)]
 pub struct RunQuery {

@@ -24,6 +24,7 @@ use crate::protocol::{RunId, RunStatus};
 use crate::reviewer::{Reviewer, ReviewerMsg};
 use crate::runtime::{RuntimeShared, end_run};
 use crate::session::{Session, SessionArgs, SessionMsg};
+use crate::store::RunSnapshot;
 use crate::tool_pool::{ToolPool, ToolPoolMsg};
 
 /// Tries at recording a run failed by a meltdown.
@@ -77,6 +78,9 @@ pub enum SupervisorMsg {
         run_id: RunId,
         /// Its admission slot, released when the session ends.
         permit: Option<Slot>,
+        /// The run as it was just created, so that its session need not read it
+        /// back; `None`: the session loads it from the store.
+        created: Option<Box<RunSnapshot>>,
         /// Started, or why not.
         reply: RpcReplyPort<Result<(), StartError>>,
     },
@@ -165,11 +169,11 @@ impl Actor for Supervisor {
         state: &mut SupervisorState,
     ) -> Result<(), ActorProcessingErr> {
         match message {
-            SupervisorMsg::Start { run_id, permit, reply } => {
+            SupervisorMsg::Start { run_id, permit, created, reply } => {
                 let result = if state.runs.contains_key(&run_id) {
                     Ok(())
                 } else {
-                    match self.spawn_session(&myself, run_id).await {
+                    match self.spawn_session(&myself, run_id, created).await {
                         Ok(session) => {
                             state.sessions.insert(session.get_id(), run_id);
                             state.runs.insert(run_id, LiveRun { session, slot: permit, restarts: VecDeque::new() });
@@ -239,9 +243,11 @@ impl Supervisor {
         &self,
         myself: &ActorRef<SupervisorMsg>,
         run_id: RunId,
+        created: Option<Box<RunSnapshot>>,
     ) -> Result<ActorRef<SessionMsg>, ActorProcessingErr> {
         let session = Session { shared: self.shared.clone() };
-        let (session, _) = Actor::spawn_linked(None, session, SessionArgs { run_id }, myself.get_cell()).await?;
+        let (session, _) =
+            Actor::spawn_linked(None, session, SessionArgs { run_id, created }, myself.get_cell()).await?;
         Ok(session)
     }
 
@@ -277,7 +283,7 @@ impl Supervisor {
             run.restarts.push_back(now);
             metrics::actor_restarted("session");
             warn!(run_id = %run_id, %reason, restarts = run.restarts.len(), "session crashed; restarting it from the store");
-            match self.spawn_session(myself, run_id).await {
+            match self.spawn_session(myself, run_id, None).await {
                 Ok(session) => {
                     state.sessions.insert(session.get_id(), run_id);
                     run.session = session;

@@ -36,7 +36,7 @@ use crate::protocol::{
 };
 use crate::reviewer::{CallSummary, ReviewInput, ReviewReply, ReviewerMsg};
 use crate::runtime::{InputError, RunInput, RuntimeShared};
-use crate::store::{Commit, RunRecord, StoreError, StoreWrite, StoredMessage};
+use crate::store::{Commit, RunRecord, RunSnapshot, StoreError, StoreWrite, StoredMessage};
 use crate::supervisor::SupervisorMsg;
 use crate::tool_pool::{ToolJob, ToolPoolMsg, ToolReply, ToolResult, WorkItem, book};
 
@@ -102,12 +102,16 @@ pub struct Session {
 pub struct SessionArgs {
     /// The run to drive.
     pub run_id: RunId,
+    /// The run as it was just created; `None`: loaded from the store.
+    pub created: Option<Box<RunSnapshot>>,
 }
 
 /// A session's state. `live` is `None` until the run is loaded from the store.
 pub struct SessionState {
     run_id: RunId,
     span: Span,
+    /// The run as created, until `Load` takes it (a restarted session has none).
+    created: Option<Box<RunSnapshot>>,
     live: Option<Live>,
 }
 
@@ -234,7 +238,7 @@ impl Actor for Session {
         // never makes the supervisor wait on the store.
         myself.cast(SessionMsg::Load)?;
         let span = info_span!("run", run_id = %args.run_id);
-        Ok(SessionState { run_id: args.run_id, span, live: None })
+        Ok(SessionState { run_id: args.run_id, span, created: args.created, live: None })
     }
 
     async fn handle(

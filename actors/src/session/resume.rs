@@ -34,7 +34,11 @@ impl Session {
         if state.live.is_some() {
             return Ok(());
         }
-        let Some(snapshot) = self.shared.store.load(state.run_id).await? else {
+        let snapshot = match state.created.take() {
+            Some(created) => Some(*created),
+            None => self.shared.store.load(state.run_id).await?,
+        };
+        let Some(snapshot) = snapshot else {
             warn!(run_id = %state.run_id, "run not in the store; session stops");
             myself.stop(None);
             return Ok(());

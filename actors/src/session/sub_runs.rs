@@ -198,7 +198,12 @@ impl Session {
         };
         // Sub-runs take no admission slot: their caller holds one, and waiting for
         // another could deadlock a full runtime.
-        let reply = ractor::call!(supervisor, |reply| SupervisorMsg::Start { run_id: child, permit: None, reply });
+        let reply = ractor::call!(supervisor, |reply| SupervisorMsg::Start {
+            run_id: child,
+            permit: None,
+            created: None,
+            reply
+        });
         if !matches!(reply, Ok(Ok(()))) {
             let _ = end_run(&self.shared, child, RunStatus::Failed, "the sub-run could not start".to_owned()).await;
             return Ok(Some(ToolOutcome::failed("unavailable", "the sub-run could not start")));
