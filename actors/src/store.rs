@@ -305,15 +305,7 @@ impl RunStore for MemoryStore {
     async fn create_run(&self, run: RunRecord, events: Vec<RunEvent>) -> Result<(), StoreError> {
         let run_id = run.run_id;
         check_sequence(run_id, 0, &events)?;
-        let snapshot = RunSnapshot {
-            run,
-            messages: Vec::new(),
-            plan: Plan::default(),
-            tool_executions: Vec::new(),
-            reviews: Vec::new(),
-            documents: Vec::new(),
-            last_seq: events.len() as u64,
-        };
+        let snapshot = RunSnapshot::created(run, events.len() as u64);
         match self.runs.entry(run_id) {
             dashmap::Entry::Occupied(_) => Err(StoreError::Exists(run_id)),
             dashmap::Entry::Vacant(slot) => {
