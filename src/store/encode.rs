@@ -104,13 +104,28 @@ fn utf8(body: Vec<u8>) -> Result<String, StoreError> {
     String::from_utf8(body).map_err(cannot_encode)
 }
 
-/// `event` as JSON, exactly as `serde_json::to_string(event)` writes it, with its
-/// ids and time written by hand. `RunEvent` flattens its kind after its own
-/// fields, so its JSON is those fields followed by the members of the kind's own
-/// JSON object (internally tagged, so never empty): the kind is written after
+/// The events of one commit as one JSON array (what a `run_events` row holds),
+/// exactly as `serde_json::to_string(events)` writes it; see [`push_event`].
+pub(super) fn event_batch(events: &[RunEvent]) -> Result<String, StoreError> {
+    let mut body = Vec::with_capacity(BODY_CAPACITY * events.len().max(1));
+    body.push(b'[');
+    for (index, event) in events.iter().enumerate() {
+        if index > 0 {
+            body.push(b',');
+        }
+        push_event(&mut body, event)?;
+    }
+    body.push(b']');
+    utf8(body)
+}
+
+/// Appends `event` as JSON, exactly as `serde_json::to_string(event)` writes it,
+/// with its ids and time written by hand. `RunEvent` flattens its kind after its
+/// own fields, so its JSON is those fields followed by the members of the kind's
+/// own JSON object (internally tagged, so never empty): the kind is written after
 /// them and its opening brace becomes the separating comma.
-pub(super) fn event_body(event: &RunEvent) -> Result<String, StoreError> {
-    let mut head = String::with_capacity(BODY_CAPACITY);
+fn push_event(body: &mut Vec<u8>, event: &RunEvent) -> Result<(), StoreError> {
+    let mut head = String::with_capacity(128);
     head.push_str("{\"run_id\":\"");
     head.push_str(event.run_id.0.hyphenated().encode_lower(&mut uuid::Uuid::encode_buffer()));
     head.push_str("\",\"seq\":");
@@ -123,14 +138,14 @@ pub(super) fn event_body(event: &RunEvent) -> Result<String, StoreError> {
         head.push_str(parent.0.hyphenated().encode_lower(&mut uuid::Uuid::encode_buffer()));
         head.push('"');
     }
-    let mut body = head.into_bytes();
+    body.extend_from_slice(head.as_bytes());
     let kind_at = body.len();
-    serde_json::to_writer(&mut body, &event.kind).map_err(cannot_encode)?;
+    serde_json::to_writer(&mut *body, &event.kind).map_err(cannot_encode)?;
     match body.get(kind_at..kind_at + 2) {
         Some([b'{', b'"']) => body[kind_at] = b',',
         _ => return Err(cannot_encode(format_args!("the {} event is not a JSON object", event.kind.name()))),
     }
-    utf8(body)
+    Ok(())
 }
 
 /// A run id as the store's columns hold it (hyphenated, lowercase), without going
@@ -198,15 +213,20 @@ mod tests {
             EventKind::RunEnd { status: RunStatus::Succeeded, reason: None },
             EventKind::InputReceived { text: String::new() },
         ];
+        let mut all = Vec::new();
         for (index, time) in times().into_iter().enumerate() {
             for parent_run_id in parents {
                 for kind in &kinds {
                     let seq = [0, 1, 9, 10, 12_345, u64::MAX][index % 6];
                     let event = RunEvent { run_id: RunId::new(), seq, ts: time, parent_run_id, kind: kind.clone() };
-                    assert_eq!(event_body(&event).unwrap(), serde_json::to_string(&event).unwrap());
+                    let one = std::slice::from_ref(&event);
+                    assert_eq!(event_batch(one).unwrap(), serde_json::to_string(one).unwrap());
                     assert_eq!(*run_id(event.run_id), *event.run_id.to_string());
+                    all.push(event);
                 }
             }
         }
+        assert_eq!(event_batch(&all).unwrap(), serde_json::to_string(&all).unwrap());
+        assert_eq!(event_batch(&[]).unwrap(), "[]");
     }
 }

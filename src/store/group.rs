@@ -15,16 +15,17 @@ use troupe_actors::protocol::{RunEvent, RunId};
 use troupe_actors::store::{Commit, RunRecord, StoreError, StoreWrite, check_sequence};
 
 use crate::store::TERMINAL;
-use crate::store::encode::{event_body, json, run_id as id_text, stamp};
+use crate::store::encode::{event_batch, json, run_id as id_text, stamp};
 
 /// Text shared between a job and the rows written from it: a group that fails is
 /// written again one job at a time, and binding an `Arc<str>` copies nothing.
 pub(super) type Text = Arc<str>;
 
-/// One event, encoded.
-pub(super) struct EncodedEvent {
-    seq: i64,
-    kind: &'static str,
+/// The events of one commit, encoded as the one `run_events` row that holds them
+/// (a JSON array of the events `first..=last`).
+pub(super) struct EncodedEvents {
+    first: i64,
+    last: i64,
     body: Text,
 }
 
@@ -44,14 +45,14 @@ pub(super) enum EncodedWrite {
 /// bodies serialised) by the caller, so the one writer task only binds and writes.
 pub(super) enum Job {
     /// A new run and its first events.
-    Create { run_id: RunId, id: Text, fixed: Fixed, state: RunState, events: Vec<EncodedEvent> },
+    Create { run_id: RunId, id: Text, fixed: Fixed, state: RunState, events: Option<EncodedEvents> },
     /// A commit to an existing run.
     Commit {
         run_id: RunId,
         id: Text,
         /// The seq the events continue from; `None` for a commit without events.
         expected: Option<u64>,
-        events: Vec<EncodedEvent>,
+        events: Option<EncodedEvents>,
         writes: Vec<EncodedWrite>,
     },
 }
@@ -133,13 +134,12 @@ impl Job {
     }
 }
 
-fn encode_events(events: &[RunEvent]) -> Result<Vec<EncodedEvent>, StoreError> {
-    events
-        .iter()
-        .map(|event| {
-            Ok(EncodedEvent { seq: event.seq as i64, kind: event.kind.name(), body: event_body(event)?.into() })
-        })
-        .collect()
+/// `None` for a commit without events.
+fn encode_events(events: &[RunEvent]) -> Result<Option<EncodedEvents>, StoreError> {
+    let (Some(first), Some(last)) = (events.first(), events.last()) else {
+        return Ok(None);
+    };
+    Ok(Some(EncodedEvents { first: first.seq as i64, last: last.seq as i64, body: event_batch(events)?.into() }))
 }
 
 fn encode_write(write: &StoreWrite) -> Result<EncodedWrite, StoreError> {
@@ -189,8 +189,8 @@ pub(super) struct GroupWrite {
     pub created: Vec<(Text, Fixed, RunState)>,
     /// Existing runs the group changed, final state.
     pub updated: Vec<(Text, RunState)>,
-    /// `(run, seq, tenant, kind, body)`.
-    pub events: Vec<(Text, i64, Text, &'static str, Text)>,
+    /// One row per commit: `(run, last seq, first seq, tenant, body)`.
+    pub events: Vec<(Text, i64, i64, Text, Text)>,
     /// `(run, idx, tenant, turn, body)`.
     pub messages: Vec<(Text, i64, Text, i64, Text)>,
     /// `(run, turn, call_id, idx, tenant, status, body)`.
@@ -261,7 +261,9 @@ fn accept(
                 return Err(StoreError::SeqConflict { run_id: *run_id, expected: state.last_seq as u64 + 1, got });
             }
             slot.touched = true;
-            state.last_seq += events.len() as i64;
+            if let Some(events) = events {
+                state.last_seq = events.last;
+            }
             state.updated_at = now.clone();
             push_events(write, id, &state.tenant, events);
             for change in writes {
@@ -272,9 +274,9 @@ fn accept(
     }
 }
 
-fn push_events(write: &mut GroupWrite, id: &Text, tenant: &Text, events: &[EncodedEvent]) {
-    for event in events {
-        write.events.push((id.clone(), event.seq, tenant.clone(), event.kind, event.body.clone()));
+fn push_events(write: &mut GroupWrite, id: &Text, tenant: &Text, events: &Option<EncodedEvents>) {
+    if let Some(events) = events {
+        write.events.push((id.clone(), events.last, events.first, tenant.clone(), events.body.clone()));
     }
 }
 
@@ -400,7 +402,9 @@ mod tests {
                 Ok(()),
             ]
         );
-        assert_eq!(write.events.iter().map(|row| row.1).collect::<Vec<_>>(), vec![1, 2, 3, 4]);
+        // One row per accepted commit, holding its events.
+        let batches: Vec<(i64, i64)> = write.events.iter().map(|row| (row.2, row.1)).collect();
+        assert_eq!(batches, vec![(1, 1), (2, 3), (4, 4)]);
         assert!(write.updated.is_empty(), "the ended run is not written");
         let (_, _, state) = &write.created[0];
         assert_eq!((state.last_seq, state.final_output.clone()), (4, None));

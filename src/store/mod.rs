@@ -37,11 +37,13 @@ const SQLITE_MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../../migrations/sqlite/0001_runs.sql")),
     (2, include_str!("../../migrations/sqlite/0002_run_counters.sql")),
     (3, include_str!("../../migrations/sqlite/0003_deferred_run_keys.sql")),
+    (4, include_str!("../../migrations/sqlite/0004_event_batches.sql")),
 ];
 const POSTGRES_MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../../migrations/postgres/0001_runs.sql")),
     (2, include_str!("../../migrations/postgres/0002_run_counters.sql")),
     (3, include_str!("../../migrations/postgres/0003_deferred_run_keys.sql")),
+    (4, include_str!("../../migrations/postgres/0004_event_batches.sql")),
 ];
 
 /// Statuses of runs that have ended (what retention may delete).
@@ -365,14 +367,19 @@ impl RunStore for SqlStore {
             if exists.is_none() {
                 return Err(StoreError::NotFound(run_id));
             }
-            parse_all(
-                sqlx::query_scalar("SELECT body FROM run_events WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3")
-                    .bind(&id)
-                    .bind(after as i64)
-                    .bind(limit.min(i64::MAX as usize) as i64)
-                    .fetch_all(pool)
-                    .await,
-            )
+            // A row holds the events of one commit (at least one): `limit` rows from
+            // the one holding `after + 1` hold at least `limit` events after it.
+            let batches: Vec<Vec<RunEvent>> = parse_all(
+                sqlx::query_scalar(
+                    "SELECT body FROM run_events WHERE run_id = $1 AND last_seq > $2 ORDER BY last_seq LIMIT $3",
+                )
+                .bind(&id)
+                .bind(after as i64)
+                .bind(limit.min(i64::MAX as usize) as i64)
+                .fetch_all(pool)
+                .await,
+            )?;
+            Ok(batches.into_iter().flatten().filter(|event| event.seq > after).take(limit).collect())
         })
     }
 

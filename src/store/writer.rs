@@ -272,14 +272,14 @@ macro_rules! write_rows {
             $limit,
             $postgres,
             events,
-            |row: &(Text, i64, Text, &str, Text)| row.4.len(),
-            &format!("INSERT {or}INTO run_events (run_id, seq, tenant, kind, body) "),
+            |row: &(Text, i64, i64, Text, Text)| row.4.len(),
+            &format!("INSERT {or}INTO run_events (run_id, last_seq, first_seq, tenant, body) "),
             "",
-            |row, (id, seq, tenant, kind, body)| {
+            |row, (id, last, first, tenant, body)| {
                 row.push_bind(id.clone())
-                    .push_bind(*seq)
+                    .push_bind(*last)
+                    .push_bind(*first)
                     .push_bind(tenant.clone())
-                    .push_bind(*kind)
                     .push_bind(body.clone())
             }
         );

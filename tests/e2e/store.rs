@@ -33,6 +33,13 @@ async fn sqlite() -> (SqlStore, std::path::PathBuf) {
 
 /// A store on a fresh PostgreSQL database, or `None` (outside CI) without a server.
 async fn postgres() -> Option<SqlStore> {
+    let url = postgres_database().await?;
+    Some(SqlStore::connect(&url).await.unwrap())
+}
+
+/// The URL of a fresh, empty PostgreSQL database, or `None` (outside CI) without a
+/// server.
+async fn postgres_database() -> Option<String> {
     let configured = std::env::var("TROUPE_TEST_PG_URL").ok();
     let admin = configured.clone().unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432/test".to_owned());
     let required = configured.is_some() || std::env::var("CI").is_ok();
@@ -47,7 +54,7 @@ async fn postgres() -> Option<SqlStore> {
     let name = format!("troupe_test_{}", RunId::new().to_string().replace('-', ""));
     sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&pool).await.unwrap();
     let (base, _) = admin.rsplit_once('/').unwrap();
-    Some(SqlStore::connect(&format!("{base}/{name}")).await.unwrap())
+    Some(format!("{base}/{name}"))
 }
 
 fn record(run_id: RunId, tenant: &str) -> RunRecord {
@@ -168,6 +175,11 @@ async fn contract(store: Arc<dyn RunStore>) {
     assert_eq!(all.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![1, 2, 3]);
     assert_eq!(all[1].kind, EventKind::TurnEnd { turn: 1 });
     assert_eq!(store.events_after(run_id, 1, 1).await.unwrap().iter().map(|e| e.seq).collect::<Vec<_>>(), vec![2]);
+    assert_eq!(
+        store.events_after(run_id, 2, 10).await.unwrap().iter().map(|e| e.seq).collect::<Vec<_>>(),
+        vec![3],
+        "from the middle of a commit's events"
+    );
     assert!(store.events_after(run_id, 3, 10).await.unwrap().is_empty());
     assert_eq!(store.events_after(missing, 0, 10).await, Err(StoreError::NotFound(missing)));
 
@@ -223,6 +235,108 @@ async fn the_postgres_store_keeps_the_contract() {
     if let Some(store) = postgres().await {
         contract(Arc::new(store)).await;
     }
+}
+
+/// Schema v3 and a run with three events in it, as an older troupe left them, made
+/// with `$pool` (`$postgres`: which backend); then the store opens the database.
+macro_rules! upgraded_from_v3 {
+    ($pool:expr, $postgres:expr, $run_id:expr, $events:expr) => {{
+        let pool = $pool;
+        let dialect = if $postgres { "postgres" } else { "sqlite" };
+        let migrations = if $postgres {
+            [
+                include_str!("../../migrations/postgres/0001_runs.sql"),
+                include_str!("../../migrations/postgres/0002_run_counters.sql"),
+                include_str!("../../migrations/postgres/0003_deferred_run_keys.sql"),
+            ]
+        } else {
+            [
+                include_str!("../../migrations/sqlite/0001_runs.sql"),
+                include_str!("../../migrations/sqlite/0002_run_counters.sql"),
+                include_str!("../../migrations/sqlite/0003_deferred_run_keys.sql"),
+            ]
+        };
+        sqlx::raw_sql("CREATE TABLE troupe_migrations (version BIGINT PRIMARY KEY, applied_at TEXT NOT NULL)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        for (version, sql) in migrations.into_iter().enumerate() {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(&pool).await.unwrap();
+            sqlx::query("INSERT INTO troupe_migrations (version, applied_at) VALUES ($1, '2026-01-01T00:00:00Z')")
+                .bind(version as i64 + 1)
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+        let id = $run_id.to_string();
+        sqlx::query(
+            "INSERT INTO runs (run_id, tenant, agent, input, limits, status, turn, usage, last_seq, created_at, \
+             updated_at) VALUES ($1, 'acme', 'agent', 'question', '{}', 'running', 1, '{}', 3, \
+             '2026-01-01T00:00:00.000000Z', '2026-01-01T00:00:00.000000Z')",
+        )
+        .bind(&id)
+        .execute(&pool)
+        .await
+        .unwrap();
+        for event in $events {
+            sqlx::query("INSERT INTO run_events (run_id, seq, tenant, kind, body) VALUES ($1, $2, 'acme', $3, $4)")
+                .bind(&id)
+                .bind(event.seq as i64)
+                .bind(event.kind.name())
+                .bind(serde_json::to_string(event).unwrap())
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+        pool.close().await;
+        eprintln!("{dialect}: schema v3 with one run written");
+    }};
+}
+
+/// What an upgraded store must show: the old events, replayable from any seq, and
+/// a new commit continuing their sequence.
+async fn keeps_the_events_of_v3(store: SqlStore, run_id: RunId, events: Vec<RunEvent>) {
+    let seqs = |events: Vec<RunEvent>| events.iter().map(|e| e.seq).collect::<Vec<_>>();
+    assert_eq!(store.events_after(run_id, 0, 10).await.unwrap(), events, "every event, unchanged");
+    assert_eq!(seqs(store.events_after(run_id, 1, 1).await.unwrap()), vec![2]);
+    let next = vec![event(run_id, 4, EventKind::TurnEnd { turn: 1 }), event(run_id, 5, EventKind::TurnStart { turn: 2 })];
+    store.commit(&Commit { run_id, writes: vec![], events: next }).await.unwrap();
+    assert_eq!(seqs(store.events_after(run_id, 2, 10).await.unwrap()), vec![3, 4, 5]);
+    let gap = Commit { run_id, writes: vec![], events: vec![event(run_id, 4, EventKind::TurnEnd { turn: 2 })] };
+    assert_eq!(store.commit(&gap).await, Err(StoreError::SeqConflict { run_id, expected: 6, got: 4 }));
+    assert_eq!(store.load(run_id).await.unwrap().unwrap().last_seq, 5);
+}
+
+fn v3_events(run_id: RunId) -> Vec<RunEvent> {
+    vec![
+        event(run_id, 1, EventKind::RunStarted { agent: "agent".into(), input: "question".into() }),
+        event(run_id, 2, EventKind::TurnStart { turn: 1 }),
+        event(run_id, 3, EventKind::AssistantDelta { turn: 1, text: "hel".into(), reasoning: false }),
+    ]
+}
+
+#[tokio::test]
+async fn a_sqlite_store_of_schema_v3_keeps_its_events() {
+    let dir = std::env::temp_dir().join(format!("troupe-store-{}", RunId::new()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let url = format!("sqlite://{}", dir.join("troupe.db").display());
+    let options: sqlx::sqlite::SqliteConnectOptions = url.parse().unwrap();
+    let pool = sqlx::SqlitePool::connect_with(options.create_if_missing(true)).await.unwrap();
+    let run_id = RunId::new();
+    let events = v3_events(run_id);
+    upgraded_from_v3!(pool, false, run_id, &events);
+    keeps_the_events_of_v3(SqlStore::connect(&url).await.unwrap(), run_id, events).await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn a_postgres_store_of_schema_v3_keeps_its_events() {
+    let Some(url) = postgres_database().await else { return };
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    let run_id = RunId::new();
+    let events = v3_events(run_id);
+    upgraded_from_v3!(pool, true, run_id, &events);
+    keeps_the_events_of_v3(SqlStore::connect(&url).await.unwrap(), run_id, events).await;
 }
 
 /// A runtime on `store` whose agent may echo and write to a ledger.
