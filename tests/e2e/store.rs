@@ -271,10 +271,12 @@ macro_rules! upgraded_from_v3 {
         let id = $run_id.to_string();
         sqlx::query(
             "INSERT INTO runs (run_id, tenant, agent, input, limits, status, turn, usage, last_seq, created_at, \
-             updated_at) VALUES ($1, 'acme', 'agent', 'question', '{}', 'running', 1, '{}', 3, \
+             updated_at) VALUES ($1, 'acme', 'agent', 'question', $2, 'running', 1, $3, 3, \
              '2026-01-01T00:00:00.000000Z', '2026-01-01T00:00:00.000000Z')",
         )
         .bind(&id)
+        .bind(serde_json::to_string(&Limits::default()).unwrap())
+        .bind(serde_json::to_string(&Usage::default()).unwrap())
         .execute(&pool)
         .await
         .unwrap();
