@@ -178,6 +178,16 @@ pub(super) struct Slot {
     pub created: Option<Fixed>,
     /// Whether a job of the group changed it.
     pub touched: bool,
+    /// Whether a job of the group changed its status, reason or final output:
+    /// only then is its row written with them (see [`GroupWrite::progressed`]).
+    pub full_update: bool,
+}
+
+impl Slot {
+    /// A run as read from the database (or as the writer last committed it).
+    pub(super) fn read(state: RunState) -> Self {
+        Self { state, created: None, touched: false, full_update: false }
+    }
 }
 
 /// Every row one group transaction writes. Rows keyed by a primary key that a
@@ -187,8 +197,13 @@ pub(super) struct Slot {
 pub(super) struct GroupWrite {
     /// Runs created by the group, final state: `(id, fixed columns, state)`.
     pub created: Vec<(Text, Fixed, RunState)>,
-    /// Existing runs the group changed, final state.
+    /// Existing runs whose status, reason or final output the group changed,
+    /// final state: every mutable column is written.
     pub updated: Vec<(Text, RunState)>,
+    /// The other existing runs the group changed (new events, rows, turn or
+    /// usage), final state: only the columns a commit in flight changes are
+    /// written, none of them indexed, so that no index entry of the run moves.
+    pub progressed: Vec<(Text, RunState)>,
     /// One row per commit: `(run, last seq, first seq, tenant, body)`.
     pub events: Vec<(Text, i64, i64, Text, Text)>,
     /// `(run, idx, tenant, turn, body)`.
@@ -225,7 +240,8 @@ pub(super) fn plan(
     for (id, slot) in runs {
         match slot.created {
             Some(fixed) => write.created.push((id, fixed, slot.state)),
-            None if slot.touched => write.updated.push((id, slot.state)),
+            None if slot.full_update => write.updated.push((id, slot.state)),
+            None if slot.touched => write.progressed.push((id, slot.state)),
             None => {}
         }
     }
@@ -244,7 +260,8 @@ fn accept(
             let Entry::Vacant(vacant) = runs.entry(id.clone()) else {
                 return Err(StoreError::Exists(*run_id));
             };
-            let slot = vacant.insert(Slot { state: state.clone(), created: Some(fixed.clone()), touched: true });
+            let slot = Slot { state: state.clone(), created: Some(fixed.clone()), touched: true, full_update: true };
+            let slot = vacant.insert(slot);
             push_events(write, id, &slot.state.tenant, events);
             Ok(())
         }
@@ -261,6 +278,8 @@ fn accept(
                 return Err(StoreError::SeqConflict { run_id: *run_id, expected: state.last_seq as u64 + 1, got });
             }
             slot.touched = true;
+            slot.full_update |=
+                writes.iter().any(|write| matches!(write, EncodedWrite::Status { .. } | EncodedWrite::FinalOutput(_)));
             if let Some(events) = events {
                 state.last_seq = events.last;
             }
@@ -381,7 +400,7 @@ mod tests {
         let (created, ended, missing) = (RunId::new(), RunId::new(), RunId::new());
         let mut runs = HashMap::new();
         let Job::Create { id, state, .. } = Job::create(&record(ended), &[]).unwrap() else { unreachable!() };
-        runs.insert(id, Slot { state: RunState { status: "failed".into(), ..state }, created: None, touched: false });
+        runs.insert(id, Slot::read(RunState { status: "failed".into(), ..state }));
         let jobs = vec![
             Job::create(&record(created), &[event(created, 1)]).unwrap(),
             commit(created, 3..=3, vec![StoreWrite::FinalOutput("gap".into())]),
@@ -405,7 +424,7 @@ mod tests {
         // One row per accepted commit, holding its events.
         let batches: Vec<(i64, i64)> = write.events.iter().map(|row| (row.2, row.1)).collect();
         assert_eq!(batches, vec![(1, 1), (2, 3), (4, 4)]);
-        assert!(write.updated.is_empty(), "the ended run is not written");
+        assert!(write.updated.is_empty() && write.progressed.is_empty(), "the ended run is not written");
         let (_, _, state) = &write.created[0];
         assert_eq!((state.last_seq, state.final_output.clone()), (4, None));
         // One row per call, with its last status and the number of its first record.

@@ -38,12 +38,14 @@ const SQLITE_MIGRATIONS: &[(i64, &str)] = &[
     (2, include_str!("../../migrations/sqlite/0002_run_counters.sql")),
     (3, include_str!("../../migrations/sqlite/0003_deferred_run_keys.sql")),
     (4, include_str!("../../migrations/sqlite/0004_event_batches.sql")),
+    (5, include_str!("../../migrations/sqlite/0005_ended_at.sql")),
 ];
 const POSTGRES_MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../../migrations/postgres/0001_runs.sql")),
     (2, include_str!("../../migrations/postgres/0002_run_counters.sql")),
     (3, include_str!("../../migrations/postgres/0003_deferred_run_keys.sql")),
     (4, include_str!("../../migrations/postgres/0004_event_batches.sql")),
+    (5, include_str!("../../migrations/postgres/0005_ended_at.sql")),
 ];
 
 /// Statuses of runs that have ended (what retention may delete).
@@ -415,8 +417,8 @@ impl RunStore for SqlStore {
     async fn delete_finished(&self, before: DateTime<Utc>, limit: usize) -> Result<usize, StoreError> {
         with_pool!(self, |pool, _postgres| {
             let deleted = sqlx::query(
-                "DELETE FROM runs WHERE run_id IN (SELECT run_id FROM runs \
-                 WHERE status IN ('succeeded', 'failed', 'cancelled') AND updated_at < $1 ORDER BY updated_at LIMIT $2)",
+                "DELETE FROM runs WHERE run_id IN \
+                 (SELECT run_id FROM runs WHERE ended_at < $1 ORDER BY ended_at LIMIT $2)",
             )
             .bind(stamp(before))
             .bind(limit.min(i64::MAX as usize) as i64)

@@ -200,7 +200,8 @@ macro_rules! write_rows {
     ($tx:ident, $limit:expr, $postgres:expr, $rows:expr) => {{
         // SQLite: OR FAIL, so that a statement needs no statement journal (see migration 3).
         let or = if $postgres { "" } else { "OR FAIL " };
-        let GroupWrite { created, updated, events, messages, tool_executions, plans, reviews, documents } = $rows;
+        let GroupWrite { created, updated, progressed, events, messages, tool_executions, plans, reviews, documents } =
+            $rows;
         insert_rows!(
             $tx,
             $limit,
@@ -214,7 +215,7 @@ macro_rules! write_rows {
                 + state.reason.as_ref().map_or(0, |text| text.len())
                 + 128,
             &format!("INSERT {or}INTO runs (run_id, tenant, parent_run_id, agent, input, limits, status, reason, turn, usage, \
-             final_output, last_seq, message_count, tool_count, document_count, created_at, updated_at) "),
+             final_output, last_seq, message_count, tool_count, document_count, created_at, updated_at, ended_at) "),
             "",
             |row, (id, fixed, state)| {
                 row.push_bind(id.clone())
@@ -234,6 +235,7 @@ macro_rules! write_rows {
                     .push_bind(state.document_count)
                     .push_bind(fixed.created_at.clone())
                     .push_bind(state.updated_at.clone())
+                    .push_bind(ended_at(state))
             }
         );
         insert_rows!(
@@ -247,11 +249,11 @@ macro_rules! write_rows {
                 + state.reason.as_ref().map_or(0, |text| text.len())
                 + 128,
             "WITH changed (run_id, status, reason, turn, usage, final_output, last_seq, message_count, tool_count, \
-             document_count, updated_at) AS (",
+             document_count, updated_at, ended_at) AS (",
             &format!(") UPDATE {or}runs SET status = changed.status, reason = changed.reason, turn = changed.turn, \
              usage = changed.usage, final_output = changed.final_output, last_seq = changed.last_seq, \
              message_count = changed.message_count, tool_count = changed.tool_count, \
-             document_count = changed.document_count, updated_at = changed.updated_at \
+             document_count = changed.document_count, updated_at = changed.updated_at, ended_at = changed.ended_at \
              FROM changed WHERE runs.run_id = changed.run_id"),
             |row, (id, state)| {
                 row.push_bind(id.clone())
@@ -260,6 +262,31 @@ macro_rules! write_rows {
                     .push_bind(state.turn)
                     .push_bind(state.usage.clone())
                     .push_bind(state.final_output.clone())
+                    .push_bind(state.last_seq)
+                    .push_bind(state.message_count)
+                    .push_bind(state.tool_count)
+                    .push_bind(state.document_count)
+                    .push_bind(state.updated_at.clone())
+                    .push_bind(ended_at(state))
+            }
+        );
+        // Not `status` (nor `ended_at`): SQLite rewrites the entries of every index
+        // on a column an `UPDATE` sets, whether or not its value changed.
+        insert_rows!(
+            $tx,
+            $limit,
+            $postgres,
+            progressed,
+            |(id, state): &(Text, RunState)| id.len() + state.usage.len() + 96,
+            "WITH changed (run_id, turn, usage, last_seq, message_count, tool_count, document_count, updated_at) AS (",
+            &format!(") UPDATE {or}runs SET turn = changed.turn, usage = changed.usage, last_seq = changed.last_seq, \
+             message_count = changed.message_count, tool_count = changed.tool_count, \
+             document_count = changed.document_count, updated_at = changed.updated_at \
+             FROM changed WHERE runs.run_id = changed.run_id"),
+            |row, (id, state)| {
+                row.push_bind(id.clone())
+                    .push_bind(state.turn)
+                    .push_bind(state.usage.clone())
                     .push_bind(state.last_seq)
                     .push_bind(state.message_count)
                     .push_bind(state.tool_count)
@@ -364,7 +391,7 @@ async fn write_group(pool: &Pool, jobs: &[Job], known: &mut Known) -> Result<Vec
     for id in jobs.iter().map(Job::id) {
         match known.get(id) {
             Some(state) => {
-                runs.entry(id.clone()).or_insert_with(|| Slot { state: state.clone(), created: None, touched: false });
+                runs.entry(id.clone()).or_insert_with(|| Slot::read(state.clone()));
             }
             None => ids.push(id),
         }
@@ -391,7 +418,7 @@ async fn write_group(pool: &Pool, jobs: &[Job], known: &mut Known) -> Result<Vec
                 }
                 select.push(if $postgres { ") FOR UPDATE" } else { ")" });
                 for row in select.build().fetch_all(&mut *tx).await.map_err(backend)? {
-                    let slot = Slot { state: state_from_row(&row)?, created: None, touched: false };
+                    let slot = Slot::read(state_from_row(&row)?);
                     runs.insert(Text::from(row.text("run_id")?), slot);
                 }
             }
@@ -415,7 +442,7 @@ fn remember(known: &mut Known, rows: GroupWrite) {
         known.clear();
     }
     let created = rows.created.into_iter().map(|(id, _, state)| (id, state));
-    for (id, state) in created.chain(rows.updated) {
+    for (id, state) in created.chain(rows.updated).chain(rows.progressed) {
         if TERMINAL.contains(&&*state.status) {
             known.remove(&id);
         } else {
@@ -438,6 +465,12 @@ fn chunk_len<R>(remaining: &[R], size: impl Fn(&R) -> usize, limit: usize) -> us
         rows /= 2;
     }
     rows
+}
+
+/// When a run ended (what retention ages it by): the time of the commit that gave
+/// it a terminal status; `None` while it has not ended.
+fn ended_at(state: &RunState) -> Option<Text> {
+    TERMINAL.contains(&&*state.status).then(|| state.updated_at.clone())
 }
 
 /// The mutable columns of a `runs` row.

@@ -237,10 +237,11 @@ async fn the_postgres_store_keeps_the_contract() {
     }
 }
 
-/// Schema v3 and a run with three events in it, as an older troupe left them, made
-/// with `$pool` (`$postgres`: which backend); then the store opens the database.
+/// Schema v3 with a running run that has three events and a run that ended long
+/// ago, as an older troupe left them, made with `$pool` (`$postgres`: which
+/// backend); then the store opens the database.
 macro_rules! upgraded_from_v3 {
-    ($pool:expr, $postgres:expr, $run_id:expr, $events:expr) => {{
+    ($pool:expr, $postgres:expr, $run_id:expr, $ended:expr, $events:expr) => {{
         let pool = $pool;
         let dialect = if $postgres { "postgres" } else { "sqlite" };
         let migrations = if $postgres {
@@ -269,17 +270,21 @@ macro_rules! upgraded_from_v3 {
                 .unwrap();
         }
         let id = $run_id.to_string();
-        sqlx::query(
-            "INSERT INTO runs (run_id, tenant, agent, input, limits, status, turn, usage, last_seq, created_at, \
-             updated_at) VALUES ($1, 'acme', 'agent', 'question', $2, 'running', 1, $3, 3, \
-             '2026-01-01T00:00:00.000000Z', '2026-01-01T00:00:00.000000Z')",
-        )
-        .bind(&id)
-        .bind(serde_json::to_string(&Limits::default()).unwrap())
-        .bind(serde_json::to_string(&Usage::default()).unwrap())
-        .execute(&pool)
-        .await
-        .unwrap();
+        for (run, status, last_seq) in [(id.clone(), "running", 3), ($ended.to_string(), "succeeded", 0)] {
+            sqlx::query(
+                "INSERT INTO runs (run_id, tenant, agent, input, limits, status, turn, usage, last_seq, created_at, \
+                 updated_at) VALUES ($1, 'acme', 'agent', 'question', $2, $3, 1, $4, $5, \
+                 '2026-01-01T00:00:00.000000Z', '2026-01-01T00:00:00.000000Z')",
+            )
+            .bind(run)
+            .bind(serde_json::to_string(&Limits::default()).unwrap())
+            .bind(status)
+            .bind(serde_json::to_string(&Usage::default()).unwrap())
+            .bind(last_seq as i64)
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
         for event in $events {
             sqlx::query("INSERT INTO run_events (run_id, seq, tenant, kind, body) VALUES ($1, $2, 'acme', $3, $4)")
                 .bind(&id)
@@ -295,18 +300,22 @@ macro_rules! upgraded_from_v3 {
     }};
 }
 
-/// What an upgraded store must show: the old events, replayable from any seq, and
-/// a new commit continuing their sequence.
-async fn keeps_the_events_of_v3(store: SqlStore, run_id: RunId, events: Vec<RunEvent>) {
+/// What an upgraded store must show: the old events, replayable from any seq, a
+/// new commit continuing their sequence, and the old ended run aged by its end.
+async fn keeps_the_runs_of_v3(store: SqlStore, run_id: RunId, ended: RunId, events: Vec<RunEvent>) {
     let seqs = |events: Vec<RunEvent>| events.iter().map(|e| e.seq).collect::<Vec<_>>();
     assert_eq!(store.events_after(run_id, 0, 10).await.unwrap(), events, "every event, unchanged");
     assert_eq!(seqs(store.events_after(run_id, 1, 1).await.unwrap()), vec![2]);
-    let next = vec![event(run_id, 4, EventKind::TurnEnd { turn: 1 }), event(run_id, 5, EventKind::TurnStart { turn: 2 })];
+    let next =
+        vec![event(run_id, 4, EventKind::TurnEnd { turn: 1 }), event(run_id, 5, EventKind::TurnStart { turn: 2 })];
     store.commit(&Commit { run_id, writes: vec![], events: next }).await.unwrap();
     assert_eq!(seqs(store.events_after(run_id, 2, 10).await.unwrap()), vec![3, 4, 5]);
     let gap = Commit { run_id, writes: vec![], events: vec![event(run_id, 4, EventKind::TurnEnd { turn: 2 })] };
     assert_eq!(store.commit(&gap).await, Err(StoreError::SeqConflict { run_id, expected: 6, got: 4 }));
     assert_eq!(store.load(run_id).await.unwrap().unwrap().last_seq, 5);
+    assert_eq!(store.delete_finished(Utc::now() - chrono::Duration::days(1), 10).await.unwrap(), 1);
+    assert_eq!(store.get_run(ended).await.unwrap(), None, "ended in January: retention deletes it");
+    assert!(store.get_run(run_id).await.unwrap().is_some(), "an unfinished run is kept");
 }
 
 fn v3_events(run_id: RunId) -> Vec<RunEvent> {
@@ -318,27 +327,27 @@ fn v3_events(run_id: RunId) -> Vec<RunEvent> {
 }
 
 #[tokio::test]
-async fn a_sqlite_store_of_schema_v3_keeps_its_events() {
+async fn a_sqlite_store_of_schema_v3_keeps_its_runs() {
     let dir = std::env::temp_dir().join(format!("troupe-store-{}", RunId::new()));
     std::fs::create_dir_all(&dir).unwrap();
     let url = format!("sqlite://{}", dir.join("troupe.db").display());
     let options: sqlx::sqlite::SqliteConnectOptions = url.parse().unwrap();
     let pool = sqlx::SqlitePool::connect_with(options.create_if_missing(true)).await.unwrap();
-    let run_id = RunId::new();
+    let (run_id, ended) = (RunId::new(), RunId::new());
     let events = v3_events(run_id);
-    upgraded_from_v3!(pool, false, run_id, &events);
-    keeps_the_events_of_v3(SqlStore::connect(&url).await.unwrap(), run_id, events).await;
+    upgraded_from_v3!(pool, false, run_id, ended, &events);
+    keeps_the_runs_of_v3(SqlStore::connect(&url).await.unwrap(), run_id, ended, events).await;
     let _ = std::fs::remove_dir_all(dir);
 }
 
 #[tokio::test]
-async fn a_postgres_store_of_schema_v3_keeps_its_events() {
+async fn a_postgres_store_of_schema_v3_keeps_its_runs() {
     let Some(url) = postgres_database().await else { return };
     let pool = sqlx::PgPool::connect(&url).await.unwrap();
-    let run_id = RunId::new();
+    let (run_id, ended) = (RunId::new(), RunId::new());
     let events = v3_events(run_id);
-    upgraded_from_v3!(pool, true, run_id, &events);
-    keeps_the_events_of_v3(SqlStore::connect(&url).await.unwrap(), run_id, events).await;
+    upgraded_from_v3!(pool, true, run_id, ended, &events);
+    keeps_the_runs_of_v3(SqlStore::connect(&url).await.unwrap(), run_id, ended, events).await;
 }
 
 /// A runtime on `store` whose agent may echo and write to a ledger.
