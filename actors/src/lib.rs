@@ -16,7 +16,8 @@
 //! - [`events`]: live fan-out of committed events, with replay from the store.
 //! - Ports: [`llm`] (the model), [`tool`] (tools), [`store`] (runs, events and the
 //!   in-memory store).
-//! - [`metrics`]: every metric name; [`config`]: settings as serde data.
+//! - [`metrics`]: every metric name; [`config`]: settings as serde data;
+//!   [`rfc3339`]: times as text, written by hand.
 //! - `testing` (feature `testing`): scripted model, test tools, faulty store.
 //!
 //! This crate depends on no HTTP server, SQL driver, HTTP client or metrics
@@ -34,6 +35,7 @@ pub mod metrics;
 pub mod planner;
 pub mod protocol;
 pub mod reviewer;
+pub mod rfc3339;
 pub mod runtime;
 pub mod session;
 pub mod store;

@@ -328,6 +328,7 @@ pub struct ToolExecutionRecord {
     /// The arguments as executed (after rewrites).
     pub args: Value,
     /// When the call was started (or skipped).
+    #[serde(serialize_with = "crate::rfc3339::serialize")]
     pub started_at: DateTime<Utc>,
     /// Wall time of the call, 0 for skipped calls.
     pub duration_ms: u64,
@@ -448,6 +449,7 @@ pub struct RunEvent {
     /// Position in the run's event sequence, from 1.
     pub seq: u64,
     /// When the event was made.
+    #[serde(serialize_with = "crate::rfc3339::serialize")]
     pub ts: DateTime<Utc>,
     /// The run that started this one as a sub-run, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]

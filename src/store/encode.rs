@@ -1,79 +1,15 @@
 //! The text the store writes for times and events, formatted by hand where the
-//! generic path was a measurable share of a commit's cost: chrono's `Serialize`
-//! goes through `collect_str` and `fmt` (about 2,600 instructions a timestamp),
-//! and every event carries one. The output is byte for byte what the generic path
+//! generic path was a measurable share of a commit's cost (times through
+//! [`troupe_actors::rfc3339`]). The output is byte for byte what the generic path
 //! writes (the tests compare them), so stored rows read back unchanged.
 
-use chrono::{DateTime, Datelike, Timelike, Utc};
+use chrono::{DateTime, Utc};
 use serde::Serialize;
 use troupe_actors::protocol::{RunEvent, RunId};
+use troupe_actors::rfc3339::{Fraction, push_time};
 use troupe_actors::store::StoreError;
 
 use crate::store::group::Text;
-
-/// How many digits of the second's fraction a time is written with.
-#[derive(Clone, Copy)]
-pub(super) enum Fraction {
-    /// Always six (microseconds): fixed width, so comparing the text compares the
-    /// times. What the store's own columns hold (`created_at`, `updated_at`).
-    Micros,
-    /// As few as chrono's `Serialize` writes (none, 3, 6 or 9 digits): what the
-    /// JSON bodies hold.
-    Auto,
-}
-
-/// Appends `time` as RFC 3339 in UTC with a `Z`: what
-/// `to_rfc3339_opts(Micros, true)` (for [`Fraction::Micros`]) or chrono's
-/// `Serialize` (for [`Fraction::Auto`]) writes.
-pub(super) fn push_time(out: &mut String, time: DateTime<Utc>, fraction: Fraction) {
-    let (date, clock) = (time.date_naive(), time.time());
-    let year = date.year();
-    if (0..=9999).contains(&year) {
-        push_digits(out, year as u32, 4);
-    } else {
-        // Outside chrono's four-digit range: its own signed form, never hit in practice.
-        out.push_str(&format!("{year:+05}"));
-    }
-    out.push('-');
-    push_digits(out, date.month(), 2);
-    out.push('-');
-    push_digits(out, date.day(), 2);
-    out.push('T');
-    let mut second = clock.second();
-    let mut nano = clock.nanosecond();
-    // A leap second is held as a nanosecond count past 1e9.
-    if nano >= 1_000_000_000 {
-        second += 1;
-        nano -= 1_000_000_000;
-    }
-    push_digits(out, clock.hour(), 2);
-    out.push(':');
-    push_digits(out, clock.minute(), 2);
-    out.push(':');
-    push_digits(out, second, 2);
-    match fraction {
-        Fraction::Micros => push_fraction(out, nano / 1_000, 6),
-        Fraction::Auto if nano == 0 => {}
-        Fraction::Auto if nano % 1_000_000 == 0 => push_fraction(out, nano / 1_000_000, 3),
-        Fraction::Auto if nano % 1_000 == 0 => push_fraction(out, nano / 1_000, 6),
-        Fraction::Auto => push_fraction(out, nano, 9),
-    }
-    out.push('Z');
-}
-
-fn push_fraction(out: &mut String, value: u32, width: u32) {
-    out.push('.');
-    push_digits(out, value, width);
-}
-
-/// Appends the last `width` decimal digits of `value`, zero-padded.
-fn push_digits(out: &mut String, value: u32, width: u32) {
-    let mut divisor = 10u32.pow(width - 1);
-    while divisor > 0 {
-        out.push(char::from(b'0' + (value / divisor % 10) as u8));
-        divisor /= 10;
-    }
-}
 
 /// A stored time: RFC 3339 in UTC with a fixed width (microseconds, `Z`), so that
 /// comparing the text compares the times (retention relies on it).
@@ -191,17 +127,6 @@ mod tests {
             times.push(Utc.from_utc_datetime(&time));
         }
         times
-    }
-
-    #[test]
-    fn times_are_written_as_chrono_writes_them() {
-        for time in times() {
-            assert_eq!(stamp(time), time.to_rfc3339_opts(chrono::SecondsFormat::Micros, true));
-            let mut auto = String::from("\"");
-            push_time(&mut auto, time, Fraction::Auto);
-            auto.push('"');
-            assert_eq!(auto, serde_json::to_string(&time).unwrap());
-        }
     }
 
     #[test]
