@@ -112,7 +112,7 @@ enum Command {
     /// Resume the runs a previous process left unfinished in the store, and wait
     /// until they have all ended.
     Resume,
-    /// Delete finished runs older than the retention period, in batches.
+    /// Delete finished runs that ended longer ago than the retention period, in batches.
     Gc {
         /// Override `store.retention_days`.
         #[arg(long)]
