@@ -376,6 +376,7 @@ impl RunStore for MemoryStore {
         let doomed: Vec<RunId> = self
             .runs
             .iter()
+            // An ended run takes no more writes, so its last update is when it ended.
             .filter(|entry| entry.snapshot.run.status.is_terminal() && entry.snapshot.run.updated_at < before)
             .map(|entry| *entry.key())
             .take(limit)

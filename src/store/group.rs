@@ -431,4 +431,40 @@ mod tests {
         assert_eq!(write.tool_executions.len(), 1);
         assert_eq!((write.tool_executions[0].3, write.tool_executions[0].5), (1, "completed"));
     }
+
+    /// A run whose status, reason or final output a job changed is written whole
+    /// (also when a later job of the group only progressed it); the others only
+    /// with the columns a commit in flight changes.
+    #[test]
+    fn only_runs_whose_status_or_output_changed_are_written_whole() {
+        use troupe_actors::protocol::{RunStatus, Usage};
+        let [moved, answered, progressed, untouched] = [RunId::new(), RunId::new(), RunId::new(), RunId::new()];
+        let mut runs = HashMap::new();
+        for run_id in [moved, answered, progressed, untouched] {
+            let Job::Create { id, state, .. } = Job::create(&record(run_id), &[]).unwrap() else { unreachable!() };
+            runs.insert(id, Slot::read(state));
+        }
+        let progress = || StoreWrite::Progress { turn: 2, usage: Usage::default() };
+        let jobs = vec![
+            commit(moved, 1..=1, vec![StoreWrite::Status { status: RunStatus::WaitingInput, reason: None }]),
+            commit(moved, 2..=2, vec![progress()]),
+            commit(answered, 1..=1, vec![StoreWrite::FinalOutput("answer".into())]),
+            commit(progressed, 1..=2, vec![progress(), call(progressed, CallStatus::Started)]),
+        ];
+        let (write, outcomes) = plan(&jobs, runs, &"now".into());
+        assert!(outcomes.iter().all(Result::is_ok));
+        let ids = |rows: &[(Text, RunState)]| {
+            let mut ids: Vec<String> = rows.iter().map(|(id, _)| id.to_string()).collect();
+            ids.sort();
+            ids
+        };
+        let mut whole = vec![moved.to_string(), answered.to_string()];
+        whole.sort();
+        assert_eq!(ids(&write.updated), whole);
+        assert_eq!(ids(&write.progressed), vec![progressed.to_string()], "the untouched run is not written");
+        let (_, state) = write.updated.iter().find(|(id, _)| **id == *moved.to_string()).unwrap();
+        assert_eq!((&*state.status, state.turn, state.last_seq), ("waiting_input", 2, 2), "its final state");
+        let (_, state) = &write.progressed[0];
+        assert_eq!((state.turn, state.last_seq, state.tool_count), (2, 2, 1));
+    }
 }

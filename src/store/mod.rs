@@ -212,6 +212,19 @@ impl SqlStore {
             .execute(pool)
             .await
             .map_err(backend)?;
+            // A database a newer troupe migrated has tables this build would write
+            // wrongly (or not at all): refuse it before touching anything.
+            let newest: Option<i64> = sqlx::query_scalar("SELECT MAX(version) FROM troupe_migrations")
+                .fetch_one(pool)
+                .await
+                .map_err(backend)?;
+            let known = migrations.last().map_or(0, |(version, _)| *version);
+            if let Some(newest) = newest.filter(|newest| *newest > known) {
+                return Err(StoreError::Backend(format!(
+                    "this store has schema version {newest}, newer than this build of troupe knows ({known}): \
+                     use the troupe that wrote it, or a newer one"
+                )));
+            }
             for (version, sql) in migrations {
                 let mut tx = pool.begin().await.map_err(backend)?;
                 let done: Option<i64> = sqlx::query_scalar("SELECT version FROM troupe_migrations WHERE version = $1")

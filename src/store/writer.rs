@@ -28,7 +28,7 @@ use crate::store::{Columns, Pool, TERMINAL, backend};
 /// At most this many jobs share a transaction.
 const MAX_GROUP: usize = 1024;
 
-/// At most this many rows per statement (a power of two). With 17 columns at most,
+/// At most this many rows per statement (a power of two). With 18 columns at most,
 /// far under SQLite's limit of bound parameters (32,766) and PostgreSQL's (65,535).
 const MAX_ROWS: usize = 64;
 

@@ -181,6 +181,7 @@ async fn contract(store: Arc<dyn RunStore>) {
         "from the middle of a commit's events"
     );
     assert!(store.events_after(run_id, 3, 10).await.unwrap().is_empty());
+    assert!(store.events_after(run_id, 1, 0).await.unwrap().is_empty(), "a limit of none");
     assert_eq!(store.events_after(missing, 0, 10).await, Err(StoreError::NotFound(missing)));
 
     // Listing is per tenant, by status, newest first; unfinished runs are found.
@@ -337,6 +338,26 @@ async fn a_sqlite_store_of_schema_v3_keeps_its_runs() {
     let events = v3_events(run_id);
     upgraded_from_v3!(pool, false, run_id, ended, &events);
     keeps_the_runs_of_v3(SqlStore::connect(&url).await.unwrap(), run_id, ended, events).await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A store a newer troupe migrated is refused, not written with the wrong schema.
+#[tokio::test]
+async fn a_store_of_a_newer_schema_is_refused() {
+    let (store, dir) = sqlite().await;
+    drop(store);
+    let path = dir.join("nested").join("troupe.db");
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", path.display())).await.unwrap();
+    sqlx::query("INSERT INTO troupe_migrations (version, applied_at) VALUES (999, '2030-01-01T00:00:00Z')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    let refused = match SqlStore::connect(&format!("sqlite://{}", path.display())).await {
+        Ok(_) => panic!("a store of schema 999 was opened"),
+        Err(error) => error.to_string(),
+    };
+    assert!(refused.contains("schema version 999, newer than this build"), "{refused}");
     let _ = std::fs::remove_dir_all(dir);
 }
 
