@@ -114,17 +114,13 @@ mod tests {
 
     use super::*;
 
+    /// Times of each fraction width (every width and odd year is covered by
+    /// `troupe_actors::rfc3339`'s own tests; these check the event's use of it).
     fn times() -> Vec<DateTime<Utc>> {
-        let mut times =
-            vec![Utc::now(), DateTime::<Utc>::UNIX_EPOCH, Utc.with_ymd_and_hms(9999, 12, 31, 23, 59, 59).unwrap()];
-        // Every fraction width, and a leap second.
-        for nano in [0, 1, 7_000, 120_000_000, 999_999_999, 123_456_000, 1_500_000_000] {
-            let time = NaiveDate::from_ymd_opt(2016, 12, 31).unwrap().and_hms_nano_opt(23, 59, 59, nano).unwrap();
-            times.push(Utc.from_utc_datetime(&time));
-        }
-        for year in [0, 1, 999, 2026, -1, 10_000] {
-            let time = NaiveDate::from_ymd_opt(year, 2, 3).unwrap().and_hms_micro_opt(4, 5, 6, 7).unwrap();
-            times.push(Utc.from_utc_datetime(&time));
+        let date = NaiveDate::from_ymd_opt(2016, 12, 31).unwrap();
+        let mut times = vec![Utc::now(), DateTime::<Utc>::UNIX_EPOCH];
+        for nano in [0, 7_000, 120_000_000, 999_999_999] {
+            times.push(Utc.from_utc_datetime(&date.and_hms_nano_opt(23, 59, 59, nano).unwrap()));
         }
         times
     }
