@@ -4,8 +4,8 @@
 //! writes (the tests compare them), so stored rows read back unchanged.
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
-use troupe_actors::protocol::{RunEvent, RunId};
+use serde::{Deserialize, Serialize};
+use troupe_actors::protocol::{EventKind, RunEvent, RunId};
 use troupe_actors::rfc3339::{Fraction, push_time};
 use troupe_actors::store::StoreError;
 
@@ -40,8 +40,9 @@ fn utf8(body: Vec<u8>) -> Result<String, StoreError> {
     String::from_utf8(body).map_err(cannot_encode)
 }
 
-/// The events of one commit as one JSON array (what a `run_events` row holds),
-/// exactly as `serde_json::to_string(events)` writes it; see [`push_event`].
+/// The events of one commit as one JSON array (what a `run_events` row holds):
+/// each as `serde_json::to_string(event)` writes it but without its `run_id`,
+/// which is the row's own (see [`push_event`]; [`read_batch`] puts it back).
 pub(super) fn event_batch(events: &[RunEvent]) -> Result<String, StoreError> {
     let mut body = Vec::with_capacity(BODY_CAPACITY * events.len().max(1));
     body.push(b'[');
@@ -55,16 +56,14 @@ pub(super) fn event_batch(events: &[RunEvent]) -> Result<String, StoreError> {
     utf8(body)
 }
 
-/// Appends `event` as JSON, exactly as `serde_json::to_string(event)` writes it,
-/// with its ids and time written by hand. `RunEvent` flattens its kind after its
-/// own fields, so its JSON is those fields followed by the members of the kind's
-/// own JSON object (internally tagged, so never empty): the kind is written after
-/// them and its opening brace becomes the separating comma.
+/// Appends `event` as JSON, as `serde_json::to_string(event)` writes it without
+/// its `run_id` member, with its ids and time written by hand. `RunEvent` flattens
+/// its kind after its own fields, so its JSON is those fields followed by the
+/// members of the kind's own JSON object (internally tagged, so never empty): the
+/// kind is written after them and its opening brace becomes the separating comma.
 fn push_event(body: &mut Vec<u8>, event: &RunEvent) -> Result<(), StoreError> {
-    let mut head = String::with_capacity(128);
-    head.push_str("{\"run_id\":\"");
-    head.push_str(event.run_id.0.hyphenated().encode_lower(&mut uuid::Uuid::encode_buffer()));
-    head.push_str("\",\"seq\":");
+    let mut head = String::with_capacity(96);
+    head.push_str("{\"seq\":");
     head.push_str(itoa(event.seq, &mut [0; 20]));
     head.push_str(",\"ts\":\"");
     push_time(&mut head, event.ts, Fraction::Auto);
@@ -82,6 +81,28 @@ fn push_event(body: &mut Vec<u8>, event: &RunEvent) -> Result<(), StoreError> {
         _ => return Err(cannot_encode(format_args!("the {} event is not a JSON object", event.kind.name()))),
     }
     Ok(())
+}
+
+/// An event as a `run_events` row holds it: without its run (schema v6), or with
+/// it (rows written before; the member is then ignored).
+#[derive(Deserialize)]
+struct StoredEvent {
+    seq: u64,
+    ts: DateTime<Utc>,
+    #[serde(default)]
+    parent_run_id: Option<RunId>,
+    #[serde(flatten)]
+    kind: EventKind,
+}
+
+/// The events of a `run_events` row of run `run_id`.
+pub(super) fn read_batch(body: &str, run_id: RunId) -> Result<Vec<RunEvent>, StoreError> {
+    let events: Vec<StoredEvent> = serde_json::from_str(body)
+        .map_err(|error| StoreError::Backend(format!("cannot decode a stored row: {error}")))?;
+    Ok(events
+        .into_iter()
+        .map(|StoredEvent { seq, ts, parent_run_id, kind }| RunEvent { run_id, seq, ts, parent_run_id, kind })
+        .collect())
 }
 
 /// A run id as the store's columns hold it (hyphenated, lowercase), without going
@@ -125,8 +146,18 @@ mod tests {
         times
     }
 
+    /// serde's JSON of `events` without their runs (object keys keep their order:
+    /// the run is the first member, which is cut out of the text).
+    fn without_runs(events: &[RunEvent]) -> String {
+        let mut json = serde_json::to_string(events).unwrap();
+        for event in events {
+            json = json.replacen(&format!("\"run_id\":\"{}\",", event.run_id), "", 1);
+        }
+        json
+    }
+
     #[test]
-    fn events_are_written_as_serde_writes_them() {
+    fn events_are_written_as_serde_writes_them_without_their_run() {
         let parents = [None, Some(RunId::new())];
         let kinds = [
             EventKind::TurnStart { turn: 1 },
@@ -141,13 +172,34 @@ mod tests {
                     let seq = [0, 1, 9, 10, 12_345, u64::MAX][index % 6];
                     let event = RunEvent { run_id: RunId::new(), seq, ts: time, parent_run_id, kind: kind.clone() };
                     let one = std::slice::from_ref(&event);
-                    assert_eq!(event_batch(one).unwrap(), serde_json::to_string(one).unwrap());
+                    let written = event_batch(one).unwrap();
+                    assert_eq!(written, without_runs(one));
+                    assert_eq!(read_batch(&written, event.run_id).unwrap(), one, "read back with its run");
                     assert_eq!(*run_id(event.run_id), *event.run_id.to_string());
                     all.push(event);
                 }
             }
         }
-        assert_eq!(event_batch(&all).unwrap(), serde_json::to_string(&all).unwrap());
+        assert_eq!(event_batch(&all).unwrap(), without_runs(&all));
         assert_eq!(event_batch(&[]).unwrap(), "[]");
+    }
+
+    /// Rows written before schema v6 hold each event whole, run included.
+    #[test]
+    fn events_written_with_their_run_read_back_unchanged() {
+        let run = RunId::new();
+        let events: Vec<RunEvent> = times()
+            .into_iter()
+            .zip(1..)
+            .map(|(ts, seq)| RunEvent {
+                run_id: run,
+                seq,
+                ts,
+                parent_run_id: None,
+                kind: EventKind::TurnEnd { turn: 2 },
+            })
+            .collect();
+        assert_eq!(read_batch(&serde_json::to_string(&events).unwrap(), run).unwrap(), events);
+        assert!(read_batch("[{\"seq\":1}]", run).is_err(), "an event without a kind is refused");
     }
 }

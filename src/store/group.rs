@@ -181,12 +181,16 @@ pub(super) struct Slot {
     /// Whether a job of the group changed its status, reason or final output:
     /// only then is its row written with them (see [`GroupWrite::progressed`]).
     pub full_update: bool,
+    /// Whether the last job of the group that changed it had events: its
+    /// `run_events` row then holds the run's progress, and the `runs` row needs
+    /// no write (see [`GroupWrite::carried`]).
+    pub carried: bool,
 }
 
 impl Slot {
     /// A run as read from the database (or as the writer last committed it).
     pub(super) fn read(state: RunState) -> Self {
-        Self { state, created: None, touched: false, full_update: false }
+        Self { state, created: None, touched: false, full_update: false, carried: false }
     }
 }
 
@@ -200,12 +204,16 @@ pub(super) struct GroupWrite {
     /// Existing runs whose status, reason or final output the group changed,
     /// final state: every mutable column is written.
     pub updated: Vec<(Text, RunState)>,
-    /// The other existing runs the group changed (new events, rows, turn or
-    /// usage), final state: only the columns a commit in flight changes are
-    /// written, none of them indexed, so that no index entry of the run moves.
+    /// The other existing runs the group changed whose last change in the group
+    /// had no events (new rows, turn or usage), final state: only the columns a
+    /// commit in flight changes are written, none of them indexed, so that no
+    /// index entry of the run moves.
     pub progressed: Vec<(Text, RunState)>,
-    /// One row per commit: `(run, last seq, first seq, tenant, body)`.
-    pub events: Vec<(Text, i64, i64, Text, Text)>,
+    /// The other existing runs the group changed, final state: not written, their
+    /// last `run_events` row holds it (schema v6); kept for the writer's cache.
+    pub carried: Vec<(Text, RunState)>,
+    /// One row per commit with events, with the run's progress after it.
+    pub events: Vec<EventRow>,
     /// `(run, idx, tenant, turn, body)`.
     pub messages: Vec<(Text, i64, Text, i64, Text)>,
     /// `(run, turn, call_id, idx, tenant, status, body)`.
@@ -216,6 +224,18 @@ pub(super) struct GroupWrite {
     pub reviews: Vec<(Text, i64, Text, Text)>,
     /// `(run, idx, tenant, body)`.
     pub documents: Vec<(Text, i64, Text, Text)>,
+}
+
+/// The `run_events` row of one commit: its events, and the run's progress as the
+/// commit left it (`runs_now` takes a run's progress from its newest row).
+pub(super) struct EventRow {
+    pub id: Text,
+    pub last: i64,
+    pub first: i64,
+    pub body: Text,
+    /// The run's state after the commit (its tenant, turn, usage, counters, and
+    /// the commit's time as `updated_at`).
+    pub state: RunState,
 }
 
 /// Where each keyed row sits in a [`GroupWrite`], so a later write replaces it.
@@ -241,7 +261,8 @@ pub(super) fn plan(
         match slot.created {
             Some(fixed) => write.created.push((id, fixed, slot.state)),
             None if slot.full_update => write.updated.push((id, slot.state)),
-            None if slot.touched => write.progressed.push((id, slot.state)),
+            None if slot.touched && !slot.carried => write.progressed.push((id, slot.state)),
+            None if slot.touched => write.carried.push((id, slot.state)),
             None => {}
         }
     }
@@ -260,9 +281,15 @@ fn accept(
             let Entry::Vacant(vacant) = runs.entry(id.clone()) else {
                 return Err(StoreError::Exists(*run_id));
             };
-            let slot = Slot { state: state.clone(), created: Some(fixed.clone()), touched: true, full_update: true };
+            let slot = Slot {
+                state: state.clone(),
+                created: Some(fixed.clone()),
+                touched: true,
+                full_update: true,
+                carried: false,
+            };
             let slot = vacant.insert(slot);
-            push_events(write, id, &slot.state.tenant, events);
+            push_events(write, id, &slot.state, events);
             Ok(())
         }
         Job::Commit { run_id, id, expected, events, writes } => {
@@ -284,18 +311,21 @@ fn accept(
                 state.last_seq = events.last;
             }
             state.updated_at = now.clone();
-            push_events(write, id, &state.tenant, events);
             for change in writes {
                 apply(write, positions, id, state, change);
             }
+            push_events(write, id, state, events);
+            slot.carried = events.is_some();
             Ok(())
         }
     }
 }
 
-fn push_events(write: &mut GroupWrite, id: &Text, tenant: &Text, events: &Option<EncodedEvents>) {
+/// The row of a commit's events, with the run's state after the commit.
+fn push_events(write: &mut GroupWrite, id: &Text, state: &RunState, events: &Option<EncodedEvents>) {
     if let Some(events) = events {
-        write.events.push((id.clone(), events.last, events.first, tenant.clone(), events.body.clone()));
+        let (last, first, body) = (events.last, events.first, events.body.clone());
+        write.events.push(EventRow { id: id.clone(), last, first, body, state: state.clone() });
     }
 }
 
@@ -422,7 +452,7 @@ mod tests {
             ]
         );
         // One row per accepted commit, holding its events.
-        let batches: Vec<(i64, i64)> = write.events.iter().map(|row| (row.2, row.1)).collect();
+        let batches: Vec<(i64, i64)> = write.events.iter().map(|row| (row.first, row.last)).collect();
         assert_eq!(batches, vec![(1, 1), (2, 3), (4, 4)]);
         assert!(write.updated.is_empty() && write.progressed.is_empty(), "the ended run is not written");
         let (_, _, state) = &write.created[0];
@@ -433,14 +463,16 @@ mod tests {
     }
 
     /// A run whose status, reason or final output a job changed is written whole
-    /// (also when a later job of the group only progressed it); the others only
-    /// with the columns a commit in flight changes.
+    /// (also when a later job of the group only progressed it); a run whose last
+    /// change had events is not written, its events' row holds its progress; the
+    /// others only with the columns a commit in flight changes.
     #[test]
     fn only_runs_whose_status_or_output_changed_are_written_whole() {
         use troupe_actors::protocol::{RunStatus, Usage};
-        let [moved, answered, progressed, untouched] = [RunId::new(), RunId::new(), RunId::new(), RunId::new()];
+        let [moved, answered, carried, quiet, untouched] =
+            [RunId::new(), RunId::new(), RunId::new(), RunId::new(), RunId::new()];
         let mut runs = HashMap::new();
-        for run_id in [moved, answered, progressed, untouched] {
+        for run_id in [moved, answered, carried, quiet, untouched] {
             let Job::Create { id, state, .. } = Job::create(&record(run_id), &[]).unwrap() else { unreachable!() };
             runs.insert(id, Slot::read(state));
         }
@@ -449,10 +481,12 @@ mod tests {
             commit(moved, 1..=1, vec![StoreWrite::Status { status: RunStatus::WaitingInput, reason: None }]),
             commit(moved, 2..=2, vec![progress()]),
             commit(answered, 1..=1, vec![StoreWrite::FinalOutput("answer".into())]),
-            commit(progressed, 1..=2, vec![progress(), call(progressed, CallStatus::Started)]),
+            commit(carried, 1..=2, vec![progress(), call(carried, CallStatus::Started)]),
+            commit(quiet, 1..=1, vec![]),
+            Job::commit(&Commit { run_id: quiet, writes: vec![progress()], events: vec![] }).unwrap(),
         ];
         let (write, outcomes) = plan(&jobs, runs, &"now".into());
-        assert!(outcomes.iter().all(Result::is_ok));
+        assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
         let ids = |rows: &[(Text, RunState)]| {
             let mut ids: Vec<String> = rows.iter().map(|(id, _)| id.to_string()).collect();
             ids.sort();
@@ -461,10 +495,16 @@ mod tests {
         let mut whole = vec![moved.to_string(), answered.to_string()];
         whole.sort();
         assert_eq!(ids(&write.updated), whole);
-        assert_eq!(ids(&write.progressed), vec![progressed.to_string()], "the untouched run is not written");
+        assert_eq!(ids(&write.progressed), vec![quiet.to_string()], "its last commit had no events");
+        assert_eq!(ids(&write.carried), vec![carried.to_string()], "the untouched run is not written");
         let (_, state) = write.updated.iter().find(|(id, _)| **id == *moved.to_string()).unwrap();
         assert_eq!((&*state.status, state.turn, state.last_seq), ("waiting_input", 2, 2), "its final state");
         let (_, state) = &write.progressed[0];
-        assert_eq!((state.turn, state.last_seq, state.tool_count), (2, 2, 1));
+        assert_eq!((state.turn, state.last_seq), (2, 1));
+        // The carried run's progress is in the row of its events, as the commit left it.
+        let row = write.events.iter().find(|row| *row.id == *carried.to_string()).unwrap();
+        let state = &row.state;
+        assert_eq!((row.first, row.last, state.turn, state.last_seq, state.tool_count), (1, 2, 2, 2, 1));
+        assert_eq!(&*state.updated_at, "now");
     }
 }

@@ -22,7 +22,7 @@ use tokio::sync::{mpsc, oneshot};
 use troupe_actors::store::StoreError;
 
 use crate::store::encode::stamp;
-use crate::store::group::{Fixed, GroupWrite, Job, RunState, Slot, Text, plan};
+use crate::store::group::{EventRow, Fixed, GroupWrite, Job, RunState, Slot, Text, plan};
 use crate::store::{Columns, Pool, TERMINAL, backend};
 
 /// At most this many jobs share a transaction.
@@ -200,8 +200,18 @@ macro_rules! write_rows {
     ($tx:ident, $limit:expr, $postgres:expr, $rows:expr) => {{
         // SQLite: OR FAIL, so that a statement needs no statement journal (see migration 3).
         let or = if $postgres { "" } else { "OR FAIL " };
-        let GroupWrite { created, updated, progressed, events, messages, tool_executions, plans, reviews, documents } =
-            $rows;
+        let GroupWrite {
+            created,
+            updated,
+            progressed,
+            carried: _,
+            events,
+            messages,
+            tool_executions,
+            plans,
+            reviews,
+            documents,
+        } = $rows;
         insert_rows!(
             $tx,
             $limit,
@@ -299,15 +309,22 @@ macro_rules! write_rows {
             $limit,
             $postgres,
             events,
-            |row: &(Text, i64, i64, Text, Text)| row.4.len(),
-            &format!("INSERT {or}INTO run_events (run_id, last_seq, first_seq, tenant, body) "),
+            |row: &EventRow| row.body.len() + row.state.usage.len() + 96,
+            &format!("INSERT {or}INTO run_events (run_id, last_seq, first_seq, tenant, body, turn, usage, \
+             message_count, tool_count, document_count, committed_at) "),
             "",
-            |row, (id, last, first, tenant, body)| {
+            |row, EventRow { id, last, first, body, state }| {
                 row.push_bind(id.clone())
                     .push_bind(*last)
                     .push_bind(*first)
-                    .push_bind(tenant.clone())
+                    .push_bind(state.tenant.clone())
                     .push_bind(body.clone())
+                    .push_bind(state.turn)
+                    .push_bind(state.usage.clone())
+                    .push_bind(state.message_count)
+                    .push_bind(state.tool_count)
+                    .push_bind(state.document_count)
+                    .push_bind(state.updated_at.clone())
             }
         );
         insert_rows!(
@@ -382,7 +399,8 @@ macro_rules! write_rows {
         );
     }};
 }
-/// One transaction: read the group's runs (locking them on PostgreSQL), check and
+/// One transaction: read the group's runs (as `runs_now` gives them; nothing else
+/// writes a run while the store is open, so they need no lock), check and
 /// merge the jobs in memory, write the rows, commit. `Err` means nothing of the
 /// group was written; `Ok` carries each job's outcome.
 async fn write_group(pool: &Pool, jobs: &[Job], known: &mut Known) -> Result<Vec<Result<(), StoreError>>, StoreError> {
@@ -410,13 +428,13 @@ async fn write_group(pool: &Pool, jobs: &[Job], known: &mut Known) -> Result<Vec
                 rest = tail;
                 let mut select = sqlx::QueryBuilder::new(
                     "SELECT run_id, tenant, status, reason, turn, usage, final_output, last_seq, message_count, \
-                     tool_count, document_count, updated_at FROM runs WHERE run_id IN (",
+                     tool_count, document_count, updated_at FROM runs_now WHERE run_id IN (",
                 );
                 let mut list = select.separated(", ");
                 for id in chunk {
                     list.push_bind(Text::clone(id));
                 }
-                select.push(if $postgres { ") FOR UPDATE" } else { ")" });
+                select.push(")");
                 for row in select.build().fetch_all(&mut *tx).await.map_err(backend)? {
                     let slot = Slot::read(state_from_row(&row)?);
                     runs.insert(Text::from(row.text("run_id")?), slot);
@@ -442,7 +460,7 @@ fn remember(known: &mut Known, rows: GroupWrite) {
         known.clear();
     }
     let created = rows.created.into_iter().map(|(id, _, state)| (id, state));
-    for (id, state) in created.chain(rows.updated).chain(rows.progressed) {
+    for (id, state) in created.chain(rows.updated).chain(rows.progressed).chain(rows.carried) {
         if TERMINAL.contains(&&*state.status) {
             known.remove(&id);
         } else {

@@ -217,6 +217,81 @@ async fn contract(store: Arc<dyn RunStore>) {
     assert_eq!(store.get_run(run_id).await.unwrap(), None);
     assert_eq!(store.events_after(run_id, 0, 10).await, Err(StoreError::NotFound(run_id)));
     assert!(store.get_run(other).await.unwrap().is_some(), "an unfinished run is kept");
+    progress_is_read_back(store.as_ref(), other).await;
+}
+
+/// A running run's turn, usage, time and numbering as reads give them, whether its
+/// last commit had events or not (the SQL stores keep the first kind on the row of
+/// the commit's events, the other on the run's row).
+async fn progress_is_read_back(store: &dyn RunStore, run_id: RunId) {
+    let usage = |output_tokens| Usage { input_tokens: 1, output_tokens, cost_usd: 0.0 };
+    let said = |turn, text: &str| {
+        let message = troupe_actors::llm::Message::text(troupe_actors::llm::Role::Assistant, text);
+        StoreWrite::Message(StoredMessage { turn, message })
+    };
+    let before = store.get_run(run_id).await.unwrap().unwrap().updated_at;
+    let writes = vec![StoreWrite::Progress { turn: 1, usage: usage(3) }, said(1, "one")];
+    let events = vec![event(run_id, 1, EventKind::TurnStart { turn: 1 })];
+    store.commit(&Commit { run_id, writes, events }).await.unwrap();
+    let run = store.get_run(run_id).await.unwrap().unwrap();
+    assert_eq!((run.turn, run.usage.output_tokens), (1, 3), "progress with events");
+    assert!(run.updated_at >= before, "the commit's time");
+    let writes = vec![StoreWrite::Progress { turn: 2, usage: usage(9) }, said(2, "two")];
+    store.commit(&Commit { run_id, writes, events: vec![] }).await.unwrap();
+    let run = store.get_run(run_id).await.unwrap().unwrap();
+    assert_eq!((run.turn, run.usage.output_tokens), (2, 9), "progress without events");
+    let events = vec![event(run_id, 2, EventKind::TurnEnd { turn: 2 })];
+    store.commit(&Commit { run_id, writes: vec![said(2, "three")], events }).await.unwrap();
+    let snapshot = store.load(run_id).await.unwrap().unwrap();
+    assert_eq!((snapshot.run.turn, snapshot.run.usage.output_tokens, snapshot.last_seq), (2, 9, 2));
+    let texts: Vec<String> = snapshot.messages.iter().map(|m| m.message.content.clone()).collect();
+    assert_eq!(texts, vec!["one", "two", "three"], "numbered in order across both kinds of commit");
+    let listed = store.list_runs(RunQuery { tenant: Some("globex".into()), status: None, limit: 10 }).await.unwrap();
+    assert_eq!(listed.iter().map(|run| (run.run_id, run.turn)).collect::<Vec<_>>(), vec![(run_id, 2)]);
+}
+
+/// A store opened again (its writer knows no run) goes on from what is on disk:
+/// the next seq, the next message number and the progress of a run whose last
+/// commit had events.
+async fn a_reopened_store_continues(url: &str) {
+    let run_id = RunId::new();
+    let store = SqlStore::connect(url).await.unwrap();
+    store.create_run(record(run_id, "acme"), vec![event(run_id, 1, EventKind::TurnStart { turn: 1 })]).await.unwrap();
+    let message = |text: &str| StoredMessage {
+        turn: 1,
+        message: troupe_actors::llm::Message::text(troupe_actors::llm::Role::Assistant, text),
+    };
+    let writes = vec![
+        StoreWrite::Progress { turn: 1, usage: Usage { input_tokens: 4, output_tokens: 2, cost_usd: 0.0 } },
+        StoreWrite::Message(message("before")),
+    ];
+    let events = vec![event(run_id, 2, EventKind::TurnEnd { turn: 1 })];
+    store.commit(&Commit { run_id, writes, events }).await.unwrap();
+    drop(store);
+    let store = SqlStore::connect(url).await.unwrap();
+    let stale = Commit { run_id, writes: vec![], events: vec![event(run_id, 2, EventKind::TurnStart { turn: 2 })] };
+    assert_eq!(store.commit(&stale).await, Err(StoreError::SeqConflict { run_id, expected: 3, got: 2 }));
+    let events = vec![event(run_id, 3, EventKind::TurnStart { turn: 2 })];
+    store.commit(&Commit { run_id, writes: vec![StoreWrite::Message(message("after"))], events }).await.unwrap();
+    let snapshot = store.load(run_id).await.unwrap().unwrap();
+    assert_eq!((snapshot.run.turn, snapshot.run.usage.input_tokens, snapshot.last_seq), (1, 4, 3));
+    let texts: Vec<String> = snapshot.messages.iter().map(|m| m.message.content.clone()).collect();
+    assert_eq!(texts, vec!["before", "after"]);
+}
+
+#[tokio::test]
+async fn a_reopened_sqlite_store_continues_its_runs() {
+    let (store, dir) = sqlite().await;
+    drop(store);
+    a_reopened_store_continues(&format!("sqlite://{}", dir.join("nested").join("troupe.db").display())).await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn a_reopened_postgres_store_continues_its_runs() {
+    if let Some(url) = postgres_database().await {
+        a_reopened_store_continues(&url).await;
+    }
 }
 
 #[tokio::test]
