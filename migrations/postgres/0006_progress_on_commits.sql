@@ -22,8 +22,11 @@ SELECT r.run_id, r.tenant, r.parent_run_id, r.agent, r.input, r.limits, r.status
        COALESCE(e.committed_at, r.updated_at) AS updated_at,
        r.ended_at
 FROM runs r
-LEFT JOIN run_events e
-    ON e.run_id = r.run_id
-   AND e.last_seq = (SELECT MAX(m.last_seq) FROM run_events m WHERE m.run_id = r.run_id)
-   AND e.last_seq > r.last_seq
-   AND e.committed_at IS NOT NULL;
+-- LATERAL: the newest row of each run, found by the key, whatever else is read.
+LEFT JOIN LATERAL (
+    SELECT m.last_seq, m.turn, m.usage, m.message_count, m.tool_count, m.document_count, m.committed_at
+    FROM run_events m
+    WHERE m.run_id = r.run_id
+    ORDER BY m.last_seq DESC
+    LIMIT 1
+) e ON e.last_seq > r.last_seq AND e.committed_at IS NOT NULL;
