@@ -72,6 +72,10 @@ pub(super) struct Fixed {
 /// insert needs no `MAX(idx)` lookup).
 #[derive(Clone)]
 pub(super) struct RunState {
+    /// The run's integer key (schema v7), which its rows in the child tables
+    /// name it by: allocated by the writer when it plans the group that creates
+    /// the run (0 in a [`Job::Create`] until then).
+    pub key: i64,
     pub tenant: Text,
     pub status: Text,
     pub reason: Option<Text>,
@@ -97,6 +101,7 @@ impl Job {
             created_at: stamp(run.created_at).into(),
         };
         let state = RunState {
+            key: 0,
             tenant: run.tenant.as_str().into(),
             status: run.status.as_str().into(),
             reason: run.reason.as_deref().map(Into::into),
@@ -214,49 +219,50 @@ pub(super) struct GroupWrite {
     pub carried: Vec<(Text, RunState)>,
     /// One row per commit with events, with the run's progress after it.
     pub events: Vec<EventRow>,
-    /// `(run, idx, tenant, turn, body)`.
-    pub messages: Vec<(Text, i64, Text, i64, Text)>,
-    /// `(run, turn, call_id, idx, tenant, status, body)`.
-    pub tool_executions: Vec<(Text, i64, Text, i64, Text, &'static str, Text)>,
-    /// `(run, version, tenant, body)`.
-    pub plans: Vec<(Text, i64, Text, Text)>,
-    /// `(run, turn, tenant, body)`.
-    pub reviews: Vec<(Text, i64, Text, Text)>,
-    /// `(run, idx, tenant, body)`.
-    pub documents: Vec<(Text, i64, Text, Text)>,
+    /// `(run key, idx, tenant, turn, body)`.
+    pub messages: Vec<(i64, i64, Text, i64, Text)>,
+    /// `(run key, turn, call_id, idx, tenant, status, body)`.
+    pub tool_executions: Vec<(i64, i64, Text, i64, Text, &'static str, Text)>,
+    /// `(run key, version, tenant, body)`.
+    pub plans: Vec<(i64, i64, Text, Text)>,
+    /// `(run key, turn, tenant, body)`.
+    pub reviews: Vec<(i64, i64, Text, Text)>,
+    /// `(run key, idx, tenant, body)`.
+    pub documents: Vec<(i64, i64, Text, Text)>,
 }
 
 /// The `run_events` row of one commit: its events, and the run's progress as the
 /// commit left it (`runs_now` takes a run's progress from its newest row).
 pub(super) struct EventRow {
-    pub id: Text,
     pub last: i64,
     pub first: i64,
     pub body: Text,
-    /// The run's state after the commit (its tenant, turn, usage, counters, and
-    /// the commit's time as `updated_at`).
+    /// The run's state after the commit (its key, tenant, turn, usage, counters,
+    /// and the commit's time as `updated_at`).
     pub state: RunState,
 }
 
 /// Where each keyed row sits in a [`GroupWrite`], so a later write replaces it.
 #[derive(Default)]
 struct Positions {
-    tool_executions: HashMap<(Text, i64, Text), usize>,
-    plans: HashMap<(Text, i64), usize>,
-    reviews: HashMap<(Text, i64), usize>,
+    tool_executions: HashMap<(i64, i64, Text), usize>,
+    plans: HashMap<(i64, i64), usize>,
+    reviews: HashMap<(i64, i64), usize>,
 }
 
 /// Checks every job in order against `runs` (the group's runs as read, by id) and
 /// merges the accepted ones into the rows to write. A refused job changes nothing
 /// and gets its error; the others get `Ok` (which holds once the group commits).
+/// Each run the group creates takes the key `next_key`, which then goes up by one.
 pub(super) fn plan(
     jobs: &[Job],
     mut runs: HashMap<Text, Slot>,
     now: &Text,
+    next_key: &mut i64,
 ) -> (GroupWrite, Vec<Result<(), StoreError>>) {
     let mut write = GroupWrite::default();
     let mut positions = Positions::default();
-    let outcomes = jobs.iter().map(|job| accept(job, &mut runs, now, &mut write, &mut positions)).collect();
+    let outcomes = jobs.iter().map(|job| accept(job, &mut runs, now, next_key, &mut write, &mut positions)).collect();
     for (id, slot) in runs {
         match slot.created {
             Some(fixed) => write.created.push((id, fixed, slot.state)),
@@ -273,6 +279,7 @@ fn accept(
     job: &Job,
     runs: &mut HashMap<Text, Slot>,
     now: &Text,
+    next_key: &mut i64,
     write: &mut GroupWrite,
     positions: &mut Positions,
 ) -> Result<(), StoreError> {
@@ -281,15 +288,17 @@ fn accept(
             let Entry::Vacant(vacant) = runs.entry(id.clone()) else {
                 return Err(StoreError::Exists(*run_id));
             };
+            let key = *next_key;
+            *next_key += 1;
             let slot = Slot {
-                state: state.clone(),
+                state: RunState { key, ..state.clone() },
                 created: Some(fixed.clone()),
                 touched: true,
                 full_update: true,
                 carried: false,
             };
             let slot = vacant.insert(slot);
-            push_events(write, id, &slot.state, events);
+            push_events(write, &slot.state, events);
             Ok(())
         }
         Job::Commit { run_id, id, expected, events, writes } => {
@@ -312,9 +321,9 @@ fn accept(
             }
             state.updated_at = now.clone();
             for change in writes {
-                apply(write, positions, id, state, change);
+                apply(write, positions, state, change);
             }
-            push_events(write, id, state, events);
+            push_events(write, state, events);
             slot.carried = events.is_some();
             Ok(())
         }
@@ -322,10 +331,10 @@ fn accept(
 }
 
 /// The row of a commit's events, with the run's state after the commit.
-fn push_events(write: &mut GroupWrite, id: &Text, state: &RunState, events: &Option<EncodedEvents>) {
+fn push_events(write: &mut GroupWrite, state: &RunState, events: &Option<EncodedEvents>) {
     if let Some(events) = events {
         let (last, first, body) = (events.last, events.first, events.body.clone());
-        write.events.push(EventRow { id: id.clone(), last, first, body, state: state.clone() });
+        write.events.push(EventRow { last, first, body, state: state.clone() });
     }
 }
 
@@ -340,8 +349,8 @@ fn upsert<K: std::hash::Hash + Eq, R>(rows: &mut Vec<R>, positions: &mut HashMap
     }
 }
 
-fn apply(write: &mut GroupWrite, positions: &mut Positions, id: &Text, state: &mut RunState, change: &EncodedWrite) {
-    let tenant = state.tenant.clone();
+fn apply(write: &mut GroupWrite, positions: &mut Positions, state: &mut RunState, change: &EncodedWrite) {
+    let (key, tenant) = (state.key, state.tenant.clone());
     match change {
         EncodedWrite::Status { status, reason } => {
             state.status = (*status).into();
@@ -354,33 +363,33 @@ fn apply(write: &mut GroupWrite, positions: &mut Positions, id: &Text, state: &m
         EncodedWrite::FinalOutput(text) => state.final_output = Some(text.clone()),
         EncodedWrite::Message { turn, body } => {
             state.message_count += 1;
-            write.messages.push((id.clone(), state.message_count, tenant, *turn, body.clone()));
+            write.messages.push((key, state.message_count, tenant, *turn, body.clone()));
         }
         EncodedWrite::Plan { version, body } => {
-            let row = (id.clone(), *version, tenant, body.clone());
-            upsert(&mut write.plans, &mut positions.plans, (id.clone(), *version), row);
+            let row = (key, *version, tenant, body.clone());
+            upsert(&mut write.plans, &mut positions.plans, (key, *version), row);
         }
         EncodedWrite::ToolExecution { turn, call_id, status, body } => {
             // Every record takes the next number; an update keeps the number of the
             // first insert (in the table, and here for a call written twice in one
             // group), so calls stay in the order they were first recorded.
             state.tool_count += 1;
-            let key = (id.clone(), *turn, call_id.clone());
-            let idx = match positions.tool_executions.get(&key) {
+            let call = (key, *turn, call_id.clone());
+            let idx = match positions.tool_executions.get(&call) {
                 Some(&at) => write.tool_executions[at].3,
                 None => state.tool_count,
             };
-            let row = (id.clone(), *turn, call_id.clone(), idx, tenant, *status, body.clone());
-            upsert(&mut write.tool_executions, &mut positions.tool_executions, key, row);
+            let row = (key, *turn, call_id.clone(), idx, tenant, *status, body.clone());
+            upsert(&mut write.tool_executions, &mut positions.tool_executions, call, row);
         }
         EncodedWrite::Review { turn, body } => {
-            let row = (id.clone(), *turn, tenant, body.clone());
-            upsert(&mut write.reviews, &mut positions.reviews, (id.clone(), *turn), row);
+            let row = (key, *turn, tenant, body.clone());
+            upsert(&mut write.reviews, &mut positions.reviews, (key, *turn), row);
         }
         EncodedWrite::Documents(bodies) => {
             for body in bodies {
                 state.document_count += 1;
-                write.documents.push((id.clone(), state.document_count, tenant.clone(), body.clone()));
+                write.documents.push((key, state.document_count, tenant.clone(), body.clone()));
             }
         }
     }
@@ -430,20 +439,23 @@ mod tests {
         let (created, ended, missing) = (RunId::new(), RunId::new(), RunId::new());
         let mut runs = HashMap::new();
         let Job::Create { id, state, .. } = Job::create(&record(ended), &[]).unwrap() else { unreachable!() };
-        runs.insert(id, Slot::read(RunState { status: "failed".into(), ..state }));
+        runs.insert(id, Slot::read(RunState { key: 7, status: "failed".into(), ..state }));
         let jobs = vec![
             Job::create(&record(created), &[event(created, 1)]).unwrap(),
+            Job::create(&record(ended), &[event(ended, 1)]).unwrap(),
             commit(created, 3..=3, vec![StoreWrite::FinalOutput("gap".into())]),
             commit(created, 2..=3, vec![call(created, CallStatus::Started)]),
             commit(ended, 1..=1, vec![]),
             commit(missing, 1..=1, vec![]),
             commit(created, 4..=4, vec![call(created, CallStatus::Completed)]),
         ];
-        let (write, outcomes) = plan(&jobs, runs, &"now".into());
+        let mut next_key = 8;
+        let (write, outcomes) = plan(&jobs, runs, &"now".into(), &mut next_key);
         assert_eq!(
             outcomes,
             vec![
                 Ok(()),
+                Err(StoreError::Exists(ended)),
                 Err(StoreError::SeqConflict { run_id: created, expected: 2, got: 3 }),
                 Ok(()),
                 Err(StoreError::Terminal(ended)),
@@ -457,9 +469,14 @@ mod tests {
         assert!(write.updated.is_empty() && write.progressed.is_empty(), "the ended run is not written");
         let (_, _, state) = &write.created[0];
         assert_eq!((state.last_seq, state.final_output.clone()), (4, None));
+        // The new run took the next key (the refused creation took none), and its
+        // rows name it by that key.
+        assert_eq!((state.key, next_key), (8, 9));
+        assert!(write.events.iter().all(|row| row.state.key == 8));
         // One row per call, with its last status and the number of its first record.
         assert_eq!(write.tool_executions.len(), 1);
-        assert_eq!((write.tool_executions[0].3, write.tool_executions[0].5), (1, "completed"));
+        let row = &write.tool_executions[0];
+        assert_eq!((row.0, row.3, row.5), (8, 1, "completed"));
     }
 
     /// A run whose status, reason or final output a job changed is written whole
@@ -472,9 +489,9 @@ mod tests {
         let [moved, answered, carried, quiet, untouched] =
             [RunId::new(), RunId::new(), RunId::new(), RunId::new(), RunId::new()];
         let mut runs = HashMap::new();
-        for run_id in [moved, answered, carried, quiet, untouched] {
+        for (key, run_id) in (1..).zip([moved, answered, carried, quiet, untouched]) {
             let Job::Create { id, state, .. } = Job::create(&record(run_id), &[]).unwrap() else { unreachable!() };
-            runs.insert(id, Slot::read(state));
+            runs.insert(id, Slot::read(RunState { key, ..state }));
         }
         let progress = || StoreWrite::Progress { turn: 2, usage: Usage::default() };
         let jobs = vec![
@@ -485,7 +502,7 @@ mod tests {
             commit(quiet, 1..=1, vec![]),
             Job::commit(&Commit { run_id: quiet, writes: vec![progress()], events: vec![] }).unwrap(),
         ];
-        let (write, outcomes) = plan(&jobs, runs, &"now".into());
+        let (write, outcomes) = plan(&jobs, runs, &"now".into(), &mut 6);
         assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
         let ids = |rows: &[(Text, RunState)]| {
             let mut ids: Vec<String> = rows.iter().map(|(id, _)| id.to_string()).collect();
@@ -502,7 +519,7 @@ mod tests {
         let (_, state) = &write.progressed[0];
         assert_eq!((state.turn, state.last_seq), (2, 1));
         // The carried run's progress is in the row of its events, as the commit left it.
-        let row = write.events.iter().find(|row| *row.id == *carried.to_string()).unwrap();
+        let row = write.events.iter().find(|row| row.state.key == 3).unwrap();
         let state = &row.state;
         assert_eq!((row.first, row.last, state.turn, state.last_seq, state.tool_count), (1, 2, 2, 2, 1));
         assert_eq!(&*state.updated_at, "now");

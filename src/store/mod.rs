@@ -7,9 +7,10 @@
 //! (`writer.rs`), which commits every write pending at the time in one transaction
 //! (group commit) and answers each caller after it committed; `group.rs` checks
 //! and merges a group in memory. Reads use the pool. On SQLite a write transaction
-//! begins `IMMEDIATE` (no upgrade deadlocks); on PostgreSQL it locks the rows of
-//! the runs it reads. The writer keeps the committed row of every unfinished run,
-//! so a group reads only the runs it does not know yet.
+//! begins `IMMEDIATE` (no upgrade deadlocks). The writer keeps the committed row of
+//! every unfinished run, so a group reads only the runs it does not know yet, and
+//! allocates each new run's integer key (`run_key`), which the child tables name
+//! their run by (schema v7); reads find a run by its id, then its rows by its key.
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -40,6 +41,7 @@ const SQLITE_MIGRATIONS: &[(i64, &str)] = &[
     (4, include_str!("../../migrations/sqlite/0004_event_batches.sql")),
     (5, include_str!("../../migrations/sqlite/0005_ended_at.sql")),
     (6, include_str!("../../migrations/sqlite/0006_progress_on_commits.sql")),
+    (7, include_str!("../../migrations/sqlite/0007_run_keys.sql")),
 ];
 const POSTGRES_MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../../migrations/postgres/0001_runs.sql")),
@@ -48,6 +50,7 @@ const POSTGRES_MIGRATIONS: &[(i64, &str)] = &[
     (4, include_str!("../../migrations/postgres/0004_event_batches.sql")),
     (5, include_str!("../../migrations/postgres/0005_ended_at.sql")),
     (6, include_str!("../../migrations/postgres/0006_progress_on_commits.sql")),
+    (7, include_str!("../../migrations/postgres/0007_run_keys.sql")),
 ];
 
 /// Statuses of runs that have ended (what retention may delete).
@@ -333,23 +336,24 @@ impl RunStore for SqlStore {
                 pool.begin().await
             }
             .map_err(backend)?;
-            let sql = sqlx::AssertSqlSafe(format!("SELECT {RUN_COLUMNS}, last_seq FROM runs_now WHERE run_id = $1"));
+            let sql =
+                sqlx::AssertSqlSafe(format!("SELECT {RUN_COLUMNS}, run_key, last_seq FROM runs_now WHERE run_id = $1"));
             let Some(row) = sqlx::query(sql).bind(&id).fetch_optional(&mut *tx).await.map_err(backend)? else {
                 return Ok(None);
             };
             let run = run_from_row(&row)?;
-            let last_seq = row.int("last_seq")?;
+            let (key, last_seq) = (row.int("run_key")?, row.int("last_seq")?);
             // Every child row in one statement (one round trip instead of five), by part.
             let rows: Vec<(i64, String)> = sqlx::query_as(
-                "SELECT CAST(1 AS BIGINT) AS part, idx AS ord, body FROM messages WHERE run_id = $1 \
-                 UNION ALL SELECT 2, version, body FROM plans WHERE run_id = $1 \
-                 AND version = (SELECT MAX(version) FROM plans WHERE run_id = $1) \
-                 UNION ALL SELECT 3, idx, body FROM tool_executions WHERE run_id = $1 \
-                 UNION ALL SELECT 4, turn, body FROM reviews WHERE run_id = $1 \
-                 UNION ALL SELECT 5, idx, body FROM documents WHERE run_id = $1 \
+                "SELECT CAST(1 AS BIGINT) AS part, idx AS ord, body FROM messages WHERE run_key = $1 \
+                 UNION ALL SELECT 2, version, body FROM plans WHERE run_key = $1 \
+                 AND version = (SELECT MAX(version) FROM plans WHERE run_key = $1) \
+                 UNION ALL SELECT 3, idx, body FROM tool_executions WHERE run_key = $1 \
+                 UNION ALL SELECT 4, turn, body FROM reviews WHERE run_key = $1 \
+                 UNION ALL SELECT 5, idx, body FROM documents WHERE run_key = $1 \
                  ORDER BY part, ord",
             )
-            .bind(&id)
+            .bind(key)
             .fetch_all(&mut *tx)
             .await
             .map_err(backend)?
@@ -378,20 +382,20 @@ impl RunStore for SqlStore {
     async fn events_after(&self, run_id: RunId, after: u64, limit: usize) -> Result<Vec<RunEvent>, StoreError> {
         let id = run_id.to_string();
         with_pool!(self, |pool, _postgres| {
-            let exists: Option<String> = sqlx::query_scalar("SELECT run_id FROM runs WHERE run_id = $1")
+            let key: Option<i64> = sqlx::query_scalar("SELECT run_key FROM runs WHERE run_id = $1")
                 .bind(&id)
                 .fetch_optional(pool)
                 .await
                 .map_err(backend)?;
-            if exists.is_none() {
+            let Some(key) = key else {
                 return Err(StoreError::NotFound(run_id));
-            }
+            };
             // A row holds the events of one commit (at least one): `limit` rows from
             // the one holding `after + 1` hold at least `limit` events after it.
             let bodies: Vec<String> = sqlx::query_scalar(
-                "SELECT body FROM run_events WHERE run_id = $1 AND last_seq > $2 ORDER BY last_seq LIMIT $3",
+                "SELECT body FROM run_events WHERE run_key = $1 AND last_seq > $2 ORDER BY last_seq LIMIT $3",
             )
-            .bind(&id)
+            .bind(key)
             .bind(after as i64)
             .bind(limit.min(i64::MAX as usize) as i64)
             .fetch_all(pool)

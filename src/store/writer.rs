@@ -83,13 +83,23 @@ const MAX_KNOWN: usize = 1 << 16;
 /// fails, so it never holds a state the database does not.
 type Known = HashMap<Text, RunState>;
 
+/// What the writer keeps between groups.
+#[derive(Default)]
+struct Memory {
+    known: Known,
+    /// The key the next run created takes: one more than the largest in the
+    /// database, read by the first group (after the migrations ran) and again
+    /// after a group failed; the writer is the only one that creates runs.
+    next_key: Option<i64>,
+}
+
 async fn run(pool: Pool, mut inbox: mpsc::Receiver<Request>) {
     let mut requests = Vec::with_capacity(MAX_GROUP);
-    let mut known = Known::new();
+    let mut memory = Memory::default();
     while inbox.recv_many(&mut requests, MAX_GROUP).await > 0 {
         let (jobs, replies): (Vec<Job>, Vec<_>) =
             requests.drain(..).map(|request| (request.job, request.reply)).unzip();
-        let outcomes = write_jobs(&pool, &jobs, &mut known).await;
+        let outcomes = write_jobs(&pool, &jobs, &mut memory).await;
         for (reply, outcome) in replies.into_iter().zip(outcomes) {
             let _ = reply.send(outcome);
         }
@@ -97,20 +107,20 @@ async fn run(pool: Pool, mut inbox: mpsc::Receiver<Request>) {
 }
 
 /// Writes `jobs` as one group; if the group fails, writes each alone.
-async fn write_jobs(pool: &Pool, jobs: &[Job], known: &mut Known) -> Vec<Result<(), StoreError>> {
-    let error = match write_group(pool, jobs, known).await {
+async fn write_jobs(pool: &Pool, jobs: &[Job], memory: &mut Memory) -> Vec<Result<(), StoreError>> {
+    let error = match write_group(pool, jobs, memory).await {
         Ok(outcomes) => return outcomes,
         Err(error) => error,
     };
     // Whether a failed commit left anything behind is for the database to say.
-    known.clear();
+    *memory = Memory::default();
     if jobs.len() == 1 {
         return vec![Err(error)];
     }
     tracing::warn!(%error, jobs = jobs.len(), "a group commit failed; writing its commits one by one");
     let mut outcomes = Vec::with_capacity(jobs.len());
     for job in jobs {
-        let outcome = write_group(pool, std::slice::from_ref(job), known).await;
+        let outcome = write_group(pool, std::slice::from_ref(job), memory).await;
         outcomes.push(outcome.and_then(|mut single| single.pop().unwrap_or(Ok(()))));
     }
     outcomes
@@ -224,11 +234,15 @@ macro_rules! write_rows {
                 + state.final_output.as_ref().map_or(0, |text| text.len())
                 + state.reason.as_ref().map_or(0, |text| text.len())
                 + 128,
-            &format!("INSERT {or}INTO runs (run_id, tenant, parent_run_id, agent, input, limits, status, reason, turn, usage, \
-             final_output, last_seq, message_count, tool_count, document_count, created_at, updated_at, ended_at) "),
+            &format!(
+                "INSERT {or}INTO runs (run_key, run_id, tenant, parent_run_id, agent, input, limits, status, reason, \
+             turn, usage, final_output, last_seq, message_count, tool_count, document_count, created_at, updated_at, \
+             ended_at) "
+            ),
             "",
             |row, (id, fixed, state)| {
-                row.push_bind(id.clone())
+                row.push_bind(state.key)
+                    .push_bind(id.clone())
                     .push_bind(state.tenant.clone())
                     .push_bind(fixed.parent_run_id.clone())
                     .push_bind(fixed.agent.clone())
@@ -253,20 +267,21 @@ macro_rules! write_rows {
             $limit,
             $postgres,
             updated,
-            |(id, state): &(Text, RunState)| id.len()
-                + state.usage.len()
+            |(_, state): &(Text, RunState)| state.usage.len()
                 + state.final_output.as_ref().map_or(0, |text| text.len())
                 + state.reason.as_ref().map_or(0, |text| text.len())
                 + 128,
-            "WITH changed (run_id, status, reason, turn, usage, final_output, last_seq, message_count, tool_count, \
+            "WITH changed (run_key, status, reason, turn, usage, final_output, last_seq, message_count, tool_count, \
              document_count, updated_at, ended_at) AS (",
-            &format!(") UPDATE {or}runs SET status = changed.status, reason = changed.reason, turn = changed.turn, \
+            &format!(
+                ") UPDATE {or}runs SET status = changed.status, reason = changed.reason, turn = changed.turn, \
              usage = changed.usage, final_output = changed.final_output, last_seq = changed.last_seq, \
              message_count = changed.message_count, tool_count = changed.tool_count, \
              document_count = changed.document_count, updated_at = changed.updated_at, ended_at = changed.ended_at \
-             FROM changed WHERE runs.run_id = changed.run_id"),
-            |row, (id, state)| {
-                row.push_bind(id.clone())
+             FROM changed WHERE runs.run_key = changed.run_key"
+            ),
+            |row, (_, state)| {
+                row.push_bind(state.key)
                     .push_bind(state.status.clone())
                     .push_bind(state.reason.clone())
                     .push_bind(state.turn)
@@ -287,14 +302,16 @@ macro_rules! write_rows {
             $limit,
             $postgres,
             progressed,
-            |(id, state): &(Text, RunState)| id.len() + state.usage.len() + 96,
-            "WITH changed (run_id, turn, usage, last_seq, message_count, tool_count, document_count, updated_at) AS (",
-            &format!(") UPDATE {or}runs SET turn = changed.turn, usage = changed.usage, last_seq = changed.last_seq, \
+            |(_, state): &(Text, RunState)| state.usage.len() + 96,
+            "WITH changed (run_key, turn, usage, last_seq, message_count, tool_count, document_count, updated_at) AS (",
+            &format!(
+                ") UPDATE {or}runs SET turn = changed.turn, usage = changed.usage, last_seq = changed.last_seq, \
              message_count = changed.message_count, tool_count = changed.tool_count, \
              document_count = changed.document_count, updated_at = changed.updated_at \
-             FROM changed WHERE runs.run_id = changed.run_id"),
-            |row, (id, state)| {
-                row.push_bind(id.clone())
+             FROM changed WHERE runs.run_key = changed.run_key"
+            ),
+            |row, (_, state)| {
+                row.push_bind(state.key)
                     .push_bind(state.turn)
                     .push_bind(state.usage.clone())
                     .push_bind(state.last_seq)
@@ -310,11 +327,13 @@ macro_rules! write_rows {
             $postgres,
             events,
             |row: &EventRow| row.body.len() + row.state.usage.len() + 96,
-            &format!("INSERT {or}INTO run_events (run_id, last_seq, first_seq, tenant, body, turn, usage, \
-             message_count, tool_count, document_count, committed_at) "),
+            &format!(
+                "INSERT {or}INTO run_events (run_key, last_seq, first_seq, tenant, body, turn, usage, \
+             message_count, tool_count, document_count, committed_at) "
+            ),
             "",
-            |row, EventRow { id, last, first, body, state }| {
-                row.push_bind(id.clone())
+            |row, EventRow { last, first, body, state }| {
+                row.push_bind(state.key)
                     .push_bind(*last)
                     .push_bind(*first)
                     .push_bind(state.tenant.clone())
@@ -332,15 +351,11 @@ macro_rules! write_rows {
             $limit,
             $postgres,
             messages,
-            |row: &(Text, i64, Text, i64, Text)| row.4.len(),
-            &format!("INSERT {or}INTO messages (run_id, idx, tenant, turn, body) "),
+            |row: &(i64, i64, Text, i64, Text)| row.4.len(),
+            &format!("INSERT {or}INTO messages (run_key, idx, tenant, turn, body) "),
             "",
-            |row, (id, idx, tenant, turn, body)| {
-                row.push_bind(id.clone())
-                    .push_bind(*idx)
-                    .push_bind(tenant.clone())
-                    .push_bind(*turn)
-                    .push_bind(body.clone())
+            |row, (key, idx, tenant, turn, body)| {
+                row.push_bind(*key).push_bind(*idx).push_bind(tenant.clone()).push_bind(*turn).push_bind(body.clone())
             }
         );
         insert_rows!(
@@ -348,11 +363,11 @@ macro_rules! write_rows {
             $limit,
             $postgres,
             tool_executions,
-            |row: &(Text, i64, Text, i64, Text, &str, Text)| row.6.len(),
-            &format!("INSERT {or}INTO tool_executions (run_id, turn, call_id, idx, tenant, status, body) "),
-            " ON CONFLICT (run_id, turn, call_id) DO UPDATE SET status = excluded.status, body = excluded.body",
-            |row, (id, turn, call_id, idx, tenant, status, body)| {
-                row.push_bind(id.clone())
+            |row: &(i64, i64, Text, i64, Text, &str, Text)| row.6.len(),
+            &format!("INSERT {or}INTO tool_executions (run_key, turn, call_id, idx, tenant, status, body) "),
+            " ON CONFLICT (run_key, turn, call_id) DO UPDATE SET status = excluded.status, body = excluded.body",
+            |row, (key, turn, call_id, idx, tenant, status, body)| {
+                row.push_bind(*key)
                     .push_bind(*turn)
                     .push_bind(call_id.clone())
                     .push_bind(*idx)
@@ -366,11 +381,11 @@ macro_rules! write_rows {
             $limit,
             $postgres,
             plans,
-            |row: &(Text, i64, Text, Text)| row.3.len(),
-            &format!("INSERT {or}INTO plans (run_id, version, tenant, body) "),
-            " ON CONFLICT (run_id, version) DO UPDATE SET body = excluded.body",
-            |row, (id, version, tenant, body)| {
-                row.push_bind(id.clone()).push_bind(*version).push_bind(tenant.clone()).push_bind(body.clone())
+            |row: &(i64, i64, Text, Text)| row.3.len(),
+            &format!("INSERT {or}INTO plans (run_key, version, tenant, body) "),
+            " ON CONFLICT (run_key, version) DO UPDATE SET body = excluded.body",
+            |row, (key, version, tenant, body)| {
+                row.push_bind(*key).push_bind(*version).push_bind(tenant.clone()).push_bind(body.clone())
             }
         );
         insert_rows!(
@@ -378,11 +393,11 @@ macro_rules! write_rows {
             $limit,
             $postgres,
             reviews,
-            |row: &(Text, i64, Text, Text)| row.3.len(),
-            &format!("INSERT {or}INTO reviews (run_id, turn, tenant, body) "),
-            " ON CONFLICT (run_id, turn) DO UPDATE SET body = excluded.body",
-            |row, (id, turn, tenant, body)| {
-                row.push_bind(id.clone()).push_bind(*turn).push_bind(tenant.clone()).push_bind(body.clone())
+            |row: &(i64, i64, Text, Text)| row.3.len(),
+            &format!("INSERT {or}INTO reviews (run_key, turn, tenant, body) "),
+            " ON CONFLICT (run_key, turn) DO UPDATE SET body = excluded.body",
+            |row, (key, turn, tenant, body)| {
+                row.push_bind(*key).push_bind(*turn).push_bind(tenant.clone()).push_bind(body.clone())
             }
         );
         insert_rows!(
@@ -390,11 +405,11 @@ macro_rules! write_rows {
             $limit,
             $postgres,
             documents,
-            |row: &(Text, i64, Text, Text)| row.3.len(),
-            &format!("INSERT {or}INTO documents (run_id, idx, tenant, body) "),
+            |row: &(i64, i64, Text, Text)| row.3.len(),
+            &format!("INSERT {or}INTO documents (run_key, idx, tenant, body) "),
             "",
-            |row, (id, idx, tenant, body)| {
-                row.push_bind(id.clone()).push_bind(*idx).push_bind(tenant.clone()).push_bind(body.clone())
+            |row, (key, idx, tenant, body)| {
+                row.push_bind(*key).push_bind(*idx).push_bind(tenant.clone()).push_bind(body.clone())
             }
         );
     }};
@@ -403,11 +418,15 @@ macro_rules! write_rows {
 /// writes a run while the store is open, so they need no lock), check and
 /// merge the jobs in memory, write the rows, commit. `Err` means nothing of the
 /// group was written; `Ok` carries each job's outcome.
-async fn write_group(pool: &Pool, jobs: &[Job], known: &mut Known) -> Result<Vec<Result<(), StoreError>>, StoreError> {
+async fn write_group(
+    pool: &Pool,
+    jobs: &[Job],
+    memory: &mut Memory,
+) -> Result<Vec<Result<(), StoreError>>, StoreError> {
     let mut runs = HashMap::with_capacity(jobs.len());
     let mut ids: Vec<&Text> = Vec::new();
     for id in jobs.iter().map(Job::id) {
-        match known.get(id) {
+        match memory.known.get(id) {
             Some(state) => {
                 runs.entry(id.clone()).or_insert_with(|| Slot::read(state.clone()));
             }
@@ -422,12 +441,20 @@ async fn write_group(pool: &Pool, jobs: &[Job], known: &mut Known) -> Result<Vec
             let mut tx = if $postgres { $pool.begin().await } else { $pool.begin_with("BEGIN IMMEDIATE").await }
                 .map_err(backend)?;
             let limit = if $postgres { PG_STATEMENT_BYTES } else { usize::MAX };
+            let mut next_key = match memory.next_key {
+                Some(key) => key,
+                None => {
+                    let largest: Option<i64> =
+                        sqlx::query_scalar("SELECT MAX(run_key) FROM runs").fetch_one(&mut *tx).await.map_err(backend)?;
+                    largest.unwrap_or(0) + 1
+                }
+            };
             let mut rest = &ids[..];
             while !rest.is_empty() {
                 let (chunk, tail) = rest.split_at(chunk_len(rest, |id| id.len(), limit));
                 rest = tail;
                 let mut select = sqlx::QueryBuilder::new(
-                    "SELECT run_id, tenant, status, reason, turn, usage, final_output, last_seq, message_count, \
+                    "SELECT run_key, run_id, tenant, status, reason, turn, usage, final_output, last_seq, message_count, \
                      tool_count, document_count, updated_at FROM runs_now WHERE run_id IN (",
                 );
                 let mut list = select.separated(", ");
@@ -440,10 +467,11 @@ async fn write_group(pool: &Pool, jobs: &[Job], known: &mut Known) -> Result<Vec
                     runs.insert(Text::from(row.text("run_id")?), slot);
                 }
             }
-            let (rows, outcomes) = plan(jobs, runs, &now);
+            let (rows, outcomes) = plan(jobs, runs, &now, &mut next_key);
             write_rows!(tx, limit, $postgres, &rows);
             tx.commit().await.map_err(backend)?;
-            remember(known, rows);
+            memory.next_key = Some(next_key);
+            remember(&mut memory.known, rows);
             Ok(outcomes)
         }};
     }
@@ -497,6 +525,7 @@ fn state_from_row(row: &impl Columns) -> Result<RunState, StoreError> {
     let optional = |column: &str| row.optional(column).map(|text| text.map(Text::from));
     let int = |column: &str| row.int(column);
     Ok(RunState {
+        key: int("run_key")?,
         tenant: text("tenant")?,
         status: text("status")?,
         reason: optional("reason")?,

@@ -18,7 +18,9 @@ use troupe_actors::protocol::{
     CallStatus, EventKind, Fragment, Limits, Plan, Recommendation, Review, ReviewStatus, RunEvent, RunId, RunStatus,
     TaskStatus, TodoItem, ToolExecutionRecord, Usage,
 };
-use troupe_actors::store::{Commit, MemoryStore, RunQuery, RunRecord, RunStore, StoreError, StoreWrite, StoredMessage};
+use troupe_actors::store::{
+    Commit, MemoryStore, RunQuery, RunRecord, RunSnapshot, RunStore, StoreError, StoreWrite, StoredMessage,
+};
 use troupe_actors::testing::{EchoTool, LedgerTool, ScriptedModel, calls, text, todo};
 use troupe_actors::tool::ToolRegistry;
 use troupe_actors::{Deps, Runtime, SubmitRequest};
@@ -277,6 +279,16 @@ async fn a_reopened_store_continues(url: &str) {
     assert_eq!((snapshot.run.turn, snapshot.run.usage.input_tokens, snapshot.last_seq), (1, 4, 3));
     let texts: Vec<String> = snapshot.messages.iter().map(|m| m.message.content.clone()).collect();
     assert_eq!(texts, vec!["before", "after"]);
+    // A run created by the reopened store gets rows of its own.
+    let new = RunId::new();
+    store.create_run(record(new, "acme"), vec![]).await.unwrap();
+    store
+        .commit(&Commit { run_id: new, writes: vec![StoreWrite::Message(message("new"))], events: vec![] })
+        .await
+        .unwrap();
+    let texts = |snapshot: RunSnapshot| snapshot.messages.iter().map(|m| m.message.content.clone()).collect::<Vec<_>>();
+    assert_eq!(texts(store.load(new).await.unwrap().unwrap()), vec!["new"]);
+    assert_eq!(texts(store.load(run_id).await.unwrap().unwrap()), vec!["before", "after"]);
 }
 
 #[tokio::test]
@@ -313,6 +325,44 @@ async fn the_postgres_store_keeps_the_contract() {
     }
 }
 
+/// The first `$version` migrations of `$postgres`'s dialect applied to `$pool`, as
+/// an older troupe left its database.
+macro_rules! migrated_to {
+    ($pool:expr, $postgres:expr, $version:expr) => {{
+        let migrations = if $postgres {
+            [
+                include_str!("../../migrations/postgres/0001_runs.sql"),
+                include_str!("../../migrations/postgres/0002_run_counters.sql"),
+                include_str!("../../migrations/postgres/0003_deferred_run_keys.sql"),
+                include_str!("../../migrations/postgres/0004_event_batches.sql"),
+                include_str!("../../migrations/postgres/0005_ended_at.sql"),
+                include_str!("../../migrations/postgres/0006_progress_on_commits.sql"),
+            ]
+        } else {
+            [
+                include_str!("../../migrations/sqlite/0001_runs.sql"),
+                include_str!("../../migrations/sqlite/0002_run_counters.sql"),
+                include_str!("../../migrations/sqlite/0003_deferred_run_keys.sql"),
+                include_str!("../../migrations/sqlite/0004_event_batches.sql"),
+                include_str!("../../migrations/sqlite/0005_ended_at.sql"),
+                include_str!("../../migrations/sqlite/0006_progress_on_commits.sql"),
+            ]
+        };
+        sqlx::raw_sql("CREATE TABLE troupe_migrations (version BIGINT PRIMARY KEY, applied_at TEXT NOT NULL)")
+            .execute(&$pool)
+            .await
+            .unwrap();
+        for (version, sql) in migrations.into_iter().enumerate().take($version) {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(&$pool).await.unwrap();
+            sqlx::query("INSERT INTO troupe_migrations (version, applied_at) VALUES ($1, '2026-01-01T00:00:00Z')")
+                .bind(version as i64 + 1)
+                .execute(&$pool)
+                .await
+                .unwrap();
+        }
+    }};
+}
+
 /// Schema v3 with a running run that has three events and a run that ended long
 /// ago, as an older troupe left them, made with `$pool` (`$postgres`: which
 /// backend); then the store opens the database.
@@ -320,31 +370,7 @@ macro_rules! upgraded_from_v3 {
     ($pool:expr, $postgres:expr, $run_id:expr, $ended:expr, $events:expr) => {{
         let pool = $pool;
         let dialect = if $postgres { "postgres" } else { "sqlite" };
-        let migrations = if $postgres {
-            [
-                include_str!("../../migrations/postgres/0001_runs.sql"),
-                include_str!("../../migrations/postgres/0002_run_counters.sql"),
-                include_str!("../../migrations/postgres/0003_deferred_run_keys.sql"),
-            ]
-        } else {
-            [
-                include_str!("../../migrations/sqlite/0001_runs.sql"),
-                include_str!("../../migrations/sqlite/0002_run_counters.sql"),
-                include_str!("../../migrations/sqlite/0003_deferred_run_keys.sql"),
-            ]
-        };
-        sqlx::raw_sql("CREATE TABLE troupe_migrations (version BIGINT PRIMARY KEY, applied_at TEXT NOT NULL)")
-            .execute(&pool)
-            .await
-            .unwrap();
-        for (version, sql) in migrations.into_iter().enumerate() {
-            sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(&pool).await.unwrap();
-            sqlx::query("INSERT INTO troupe_migrations (version, applied_at) VALUES ($1, '2026-01-01T00:00:00Z')")
-                .bind(version as i64 + 1)
-                .execute(&pool)
-                .await
-                .unwrap();
-        }
+        migrated_to!(pool, $postgres, 3);
         let id = $run_id.to_string();
         for (run, status, last_seq) in [(id.clone(), "running", 3), ($ended.to_string(), "succeeded", 0)] {
             sqlx::query(
@@ -446,6 +472,129 @@ async fn a_postgres_store_of_schema_v3_keeps_its_runs() {
     keeps_the_runs_of_v3(SqlStore::connect(&url).await.unwrap(), run_id, ended, events).await;
 }
 
+/// Schema v6 as an older troupe left it: a running run whose progress is on the
+/// row of its last commit's events (not on its `runs` row), with one message, and
+/// a run that ended long ago; then the store opens the database (schema v7 names
+/// the child rows' run by an integer key).
+macro_rules! upgraded_from_v6 {
+    ($pool:expr, $postgres:expr, $run_id:expr, $ended:expr, $events:expr, $message:expr) => {{
+        let pool = $pool;
+        migrated_to!(pool, $postgres, 6);
+        let id = $run_id.to_string();
+        for (run, status, last_seq, ended_at) in [
+            (id.clone(), "running", 1, None),
+            ($ended.to_string(), "succeeded", 0, Some("2026-01-01T00:00:00.000000Z")),
+        ] {
+            sqlx::query(
+                "INSERT INTO runs (run_id, tenant, agent, input, limits, status, turn, usage, last_seq, created_at, \
+                 updated_at, ended_at) VALUES ($1, 'acme', 'agent', 'question', $2, $3, 0, $4, $5, \
+                 '2026-01-01T00:00:00.000000Z', '2026-01-01T00:00:00.000000Z', $6)",
+            )
+            .bind(run)
+            .bind(serde_json::to_string(&Limits::default()).unwrap())
+            .bind(status)
+            .bind(serde_json::to_string(&Usage::default()).unwrap())
+            .bind(last_seq as i64)
+            .bind(ended_at)
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+        let progress = Usage { input_tokens: 7, output_tokens: 2, cost_usd: 0.0 };
+        for (first, last, turn, usage, messages, at) in [
+            (1, 1, 0, Usage::default(), 0, "2026-01-01T00:00:01.000000Z"),
+            (2, 3, 1, progress, 1, "2026-01-01T00:00:02.000000Z"),
+        ] {
+            sqlx::query(
+                "INSERT INTO run_events (run_id, last_seq, first_seq, tenant, body, turn, usage, message_count, \
+                 tool_count, document_count, committed_at) VALUES ($1, $2, $3, 'acme', $4, $5, $6, $7, 0, 0, $8)",
+            )
+            .bind(&id)
+            .bind(last as i64)
+            .bind(first as i64)
+            .bind(serde_json::to_string(&$events[first - 1..last]).unwrap())
+            .bind(turn as i64)
+            .bind(serde_json::to_string(&usage).unwrap())
+            .bind(messages as i64)
+            .bind(at)
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+        sqlx::query("INSERT INTO messages (run_id, idx, tenant, turn, body) VALUES ($1, 1, 'acme', 1, $2)")
+            .bind(&id)
+            .bind(serde_json::to_string(&$message).unwrap())
+            .execute(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+    }};
+}
+
+/// What a store upgraded from v6 must show: the run's progress from its last
+/// commit, its events and message; commits and new runs going on from them (a new
+/// run's key after those of the old runs), and retention of the old ended run.
+async fn keeps_the_runs_of_v6(
+    store: SqlStore,
+    run_id: RunId,
+    ended: RunId,
+    events: Vec<RunEvent>,
+    before: StoredMessage,
+) {
+    let run = store.get_run(run_id).await.unwrap().unwrap();
+    assert_eq!((run.turn, run.usage.input_tokens), (1, 7), "progress from the row of the last commit");
+    assert_eq!(run.updated_at.to_rfc3339(), "2026-01-01T00:00:02+00:00");
+    assert_eq!(store.events_after(run_id, 0, 10).await.unwrap(), events, "every event, unchanged");
+    let after = StoredMessage {
+        turn: 2,
+        message: troupe_actors::llm::Message::text(troupe_actors::llm::Role::Assistant, "after"),
+    };
+    let next = vec![event(run_id, 4, EventKind::TurnStart { turn: 2 })];
+    store.commit(&Commit { run_id, writes: vec![StoreWrite::Message(after.clone())], events: next }).await.unwrap();
+    let snapshot = store.load(run_id).await.unwrap().unwrap();
+    assert_eq!((snapshot.last_seq, snapshot.run.turn), (4, 1));
+    assert_eq!(snapshot.messages, vec![before.clone(), after.clone()], "numbered on from the old message");
+    let new = RunId::new();
+    store.create_run(record(new, "acme"), vec![event(new, 1, EventKind::TurnStart { turn: 1 })]).await.unwrap();
+    let said =
+        StoredMessage { turn: 1, message: troupe_actors::llm::Message::text(troupe_actors::llm::Role::User, "new") };
+    let writes = vec![StoreWrite::Message(said.clone())];
+    store.commit(&Commit { run_id: new, writes, events: vec![] }).await.unwrap();
+    assert_eq!(store.load(new).await.unwrap().unwrap().messages, vec![said], "a key of its own");
+    assert_eq!(store.load(run_id).await.unwrap().unwrap().messages, vec![before, after]);
+    assert_eq!(store.delete_finished(Utc::now() - chrono::Duration::days(1), 10).await.unwrap(), 1);
+    assert_eq!(store.get_run(ended).await.unwrap(), None, "ended in January: retention deletes it");
+    assert_eq!(store.events_after(run_id, 3, 10).await.unwrap().len(), 1, "the other runs keep their rows");
+}
+
+fn v6_message() -> StoredMessage {
+    StoredMessage { turn: 1, message: troupe_actors::llm::Message::text(troupe_actors::llm::Role::Assistant, "before") }
+}
+
+#[tokio::test]
+async fn a_sqlite_store_of_schema_v6_keeps_its_runs() {
+    let dir = std::env::temp_dir().join(format!("troupe-store-{}", RunId::new()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let url = format!("sqlite://{}", dir.join("troupe.db").display());
+    let options: sqlx::sqlite::SqliteConnectOptions = url.parse().unwrap();
+    let pool = sqlx::SqlitePool::connect_with(options.create_if_missing(true)).await.unwrap();
+    let (run_id, ended) = (RunId::new(), RunId::new());
+    let events = v3_events(run_id);
+    upgraded_from_v6!(pool, false, run_id, ended, events, v6_message());
+    keeps_the_runs_of_v6(SqlStore::connect(&url).await.unwrap(), run_id, ended, events, v6_message()).await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn a_postgres_store_of_schema_v6_keeps_its_runs() {
+    let Some(url) = postgres_database().await else { return };
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    let (run_id, ended) = (RunId::new(), RunId::new());
+    let events = v3_events(run_id);
+    upgraded_from_v6!(pool, true, run_id, ended, events, v6_message());
+    keeps_the_runs_of_v6(SqlStore::connect(&url).await.unwrap(), run_id, ended, events, v6_message()).await;
+}
+
 /// A runtime on `store` whose agent may echo and write to a ledger.
 async fn runtime(store: Arc<dyn RunStore>, model: Arc<ScriptedModel>, ledger: &LedgerTool) -> Runtime {
     let tools = ToolRegistry::new().with(Arc::new(EchoTool)).unwrap().with(Arc::new(ledger.clone())).unwrap();
@@ -530,14 +679,25 @@ async fn one_process_drives_a_store_at_a_time() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// The rows a run has in each of its child tables, read straight from the file.
-async fn child_rows(path: &std::path::Path, run_id: RunId) -> Vec<(&'static str, i64)> {
+/// The integer key of a run's rows in the child tables, read straight from the file.
+async fn run_key(path: &std::path::Path, run_id: RunId) -> i64 {
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", path.display())).await.unwrap();
+    let key = sqlx::query_scalar("SELECT run_key FROM runs WHERE run_id = ?")
+        .bind(run_id.to_string())
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    key
+}
+
+/// The rows of the run of `key` in each child table, read straight from the file.
+async fn child_rows(path: &std::path::Path, key: i64) -> Vec<(&'static str, i64)> {
     let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", path.display())).await.unwrap();
     let mut counts = Vec::new();
     for table in ["run_events", "messages", "tool_executions", "plans", "reviews"] {
-        let sql = format!("SELECT COUNT(*) FROM {table} WHERE run_id = ?");
-        let count: i64 =
-            sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).bind(run_id.to_string()).fetch_one(&pool).await.unwrap();
+        let sql = format!("SELECT COUNT(*) FROM {table} WHERE run_key = ?");
+        let count: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).bind(key).fetch_one(&pool).await.unwrap();
         counts.push((table, count));
     }
     pool.close().await;
@@ -562,11 +722,12 @@ async fn retention_leaves_no_row_of_a_deleted_run_on_sqlite() {
     assert_eq!(runtime.wait(run_id).await.unwrap().status, RunStatus::Succeeded);
     runtime.shutdown(Duration::from_secs(5)).await;
     let path = dir.join("nested").join("troupe.db");
-    for (table, count) in child_rows(&path, run_id).await {
+    let key = run_key(&path, run_id).await;
+    for (table, count) in child_rows(&path, key).await {
         assert!(count > 0, "the run wrote no row to {table}");
     }
     assert_eq!(store.delete_finished(Utc::now() + chrono::Duration::seconds(5), 10).await.unwrap(), 1);
-    for (table, count) in child_rows(&path, run_id).await {
+    for (table, count) in child_rows(&path, key).await {
         assert_eq!(count, 0, "{table} keeps rows of a deleted run");
     }
     let _ = std::fs::remove_dir_all(dir);
