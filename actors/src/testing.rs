@@ -482,10 +482,16 @@ pub mod bench {
     use crate::protocol::RunStatus;
     use crate::runtime::{Deps, Runtime, SubmitRequest};
     use crate::store::RunStore;
+    use crate::protocol::CallStatus;
     use crate::tool::ToolRegistry;
+    use crate::tool_pool::ToolPoolConfig;
 
     /// Turns of every benchmark run: a `todo_write`, two parallel tool calls, an answer.
     pub const TURNS_PER_RUN: u64 = 3;
+
+    /// Tool calls of every benchmark run that go through the tool pool (the two
+    /// `echo` calls; `todo_write` is the planner's).
+    const CALLS_PER_RUN: usize = 2;
 
     /// A runtime on `store` with the benchmark agent, its model answering at once.
     pub async fn start(
@@ -496,11 +502,14 @@ pub mod bench {
         let tools = ToolRegistry::new().with(Arc::new(EchoTool)).map_err(|error| error.to_string())?;
         let agent = AgentConfig::new("bench", "You are a benchmark.", vec!["echo".into()]);
         // The scripted answer leaves a task open; no reflection turn, so every run
-        // has exactly three turns.
+        // has exactly three turns. Room in the tool queue for both calls of every
+        // run: a full queue fails calls at once (`pool_overloaded`), which would
+        // make the work measured depend on timing.
         let config = RuntimeConfig {
             max_active_runs,
             max_active_runs_per_tenant: 0,
             max_reflections: 0,
+            tool_pool: ToolPoolConfig { queue_limit: CALLS_PER_RUN * max_active_runs, ..ToolPoolConfig::default() },
             ..RuntimeConfig::default()
         };
         let deps =
@@ -518,7 +527,7 @@ pub mod bench {
             text("done"),
         ])
         .quiet();
-        let runtime = Arc::new(start(store, model, runs.max(1)).await?);
+        let runtime = Arc::new(start(store.clone(), model, runs.max(1)).await?);
         let cpu_before = cpu_time();
         let clock = Instant::now();
         let mut handles = Vec::with_capacity(runs);
@@ -543,9 +552,16 @@ pub mod bench {
         let wall = clock.elapsed();
         let cpu = cpu_time().saturating_sub(cpu_before);
         for run_id in run_ids {
-            let record = runtime.get(run_id).await.map_err(|error| error.to_string())?.ok_or("a run vanished")?;
+            let snapshot = store.load(run_id).await.map_err(|error| error.to_string())?.ok_or("a run vanished")?;
+            let record = &snapshot.run;
             if record.status != RunStatus::Succeeded || u64::from(record.turn) != TURNS_PER_RUN {
                 return Err(format!("run {run_id} ended {:?} after {} turns", record.status, record.turn));
+            }
+            let calls = &snapshot.tool_executions;
+            let completed = calls.iter().filter(|call| call.tool == "echo" && call.status == CallStatus::Completed);
+            if completed.count() != CALLS_PER_RUN {
+                let outcomes: Vec<_> = calls.iter().map(|call| (&call.tool, call.status, &call.error)).collect();
+                return Err(format!("run {run_id}: its echo calls did not all complete: {outcomes:?}"));
             }
         }
         let turns = runs as u64 * TURNS_PER_RUN;
