@@ -479,10 +479,10 @@ pub mod bench {
     use super::{EchoTool, ScriptedModel, calls, text, todo};
     use crate::config::{AgentConfig, RuntimeConfig};
     use crate::llm::ModelRegistry;
+    use crate::protocol::CallStatus;
     use crate::protocol::RunStatus;
     use crate::runtime::{Deps, Runtime, SubmitRequest};
     use crate::store::RunStore;
-    use crate::protocol::CallStatus;
     use crate::tool::ToolRegistry;
     use crate::tool_pool::ToolPoolConfig;
 
