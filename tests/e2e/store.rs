@@ -428,13 +428,20 @@ fn v3_events(run_id: RunId) -> Vec<RunEvent> {
     ]
 }
 
-#[tokio::test]
-async fn a_sqlite_store_of_schema_v3_keeps_its_runs() {
+/// A new, empty SQLite file as an older troupe would start from: its folder, its
+/// URL and a plain pool on it.
+async fn empty_sqlite_file() -> (std::path::PathBuf, String, sqlx::SqlitePool) {
     let dir = std::env::temp_dir().join(format!("troupe-store-{}", RunId::new()));
     std::fs::create_dir_all(&dir).unwrap();
     let url = format!("sqlite://{}", dir.join("troupe.db").display());
     let options: sqlx::sqlite::SqliteConnectOptions = url.parse().unwrap();
     let pool = sqlx::SqlitePool::connect_with(options.create_if_missing(true)).await.unwrap();
+    (dir, url, pool)
+}
+
+#[tokio::test]
+async fn a_sqlite_store_of_schema_v3_keeps_its_runs() {
+    let (dir, url, pool) = empty_sqlite_file().await;
     let (run_id, ended) = (RunId::new(), RunId::new());
     let events = v3_events(run_id);
     upgraded_from_v3!(pool, false, run_id, ended, &events);
@@ -573,11 +580,7 @@ fn v6_message() -> StoredMessage {
 
 #[tokio::test]
 async fn a_sqlite_store_of_schema_v6_keeps_its_runs() {
-    let dir = std::env::temp_dir().join(format!("troupe-store-{}", RunId::new()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let url = format!("sqlite://{}", dir.join("troupe.db").display());
-    let options: sqlx::sqlite::SqliteConnectOptions = url.parse().unwrap();
-    let pool = sqlx::SqlitePool::connect_with(options.create_if_missing(true)).await.unwrap();
+    let (dir, url, pool) = empty_sqlite_file().await;
     let (run_id, ended) = (RunId::new(), RunId::new());
     let events = v3_events(run_id);
     upgraded_from_v6!(pool, false, run_id, ended, events, v6_message());
