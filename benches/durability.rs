@@ -1,6 +1,11 @@
 //! What durability costs per turn: the in-process workload of the core's bench
 //! (`actors/benches/turns.rs`) on the memory store, SQLite and PostgreSQL.
 //!
+//! Each store runs a first round of RUNS runs on a fresh store in a fresh
+//! process (cold: heaps, SQLite's page cache and the database all start empty),
+//! then [`STEADY_ROUNDS`] more on the same store (steady: what a long-running
+//! daemon pays); the steady figure is their median, with their range.
+//!
 //! `cargo bench --bench durability [-- RUNS] [STORE…]`; PostgreSQL from
 //! `TROUPE_BENCH_PG_URL` (default `postgres://postgres@127.0.0.1:5432/postgres`;
 //! each run creates its own database and drops it at the end), skipped if
@@ -20,6 +25,9 @@ use troupe_actors::testing::bench::throughput;
 #[global_allocator]
 static ALLOCATOR: Jemalloc = Jemalloc;
 
+/// Timed rounds after the cold one; the steady figure is their median.
+const STEADY_ROUNDS: usize = 3;
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).filter(|arg| !arg.starts_with('-')).collect();
     let runs: usize = args.iter().find_map(|arg| arg.parse().ok()).unwrap_or(2000);
@@ -37,15 +45,25 @@ fn main() {
             ("postgres", postgres.as_ref().map(|bench| Arc::new(bench.store.clone()) as Arc<dyn RunStore>)),
         ]
     });
-    println!("durability bench: {runs} runs x 3 turns each, unobserved");
+    println!("durability bench: {runs} runs x 3 turns each, unobserved; cold, then steady ({STEADY_ROUNDS} rounds)");
     for (name, store) in stores.into_iter().filter(|(name, _)| wanted(name)) {
         let Some(store) = store else {
             println!("{name:>8}: skipped (no server)");
             continue;
         };
+        // Starts the runtime's threads and connections before anything is timed.
         tokio.block_on(throughput(store.clone(), 50, false)).unwrap();
-        let (turns_per_second, cpu_per_turn) = tokio.block_on(throughput(store, runs, false)).unwrap();
-        println!("{name:>8}: {turns_per_second:>8.0} turns/s, {cpu_per_turn:>6.1} µs CPU per turn");
+        let (turns_per_second, cpu_per_turn) = tokio.block_on(throughput(store.clone(), runs, false)).unwrap();
+        println!("{name:>8} cold:   {turns_per_second:>8.0} turns/s, {cpu_per_turn:>6.1} µs CPU per turn");
+        let mut steady: Vec<(f64, f64)> =
+            (0..STEADY_ROUNDS).map(|_| tokio.block_on(throughput(store.clone(), runs, false)).unwrap()).collect();
+        steady.sort_by(|a, b| a.1.total_cmp(&b.1));
+        let (turns_per_second, cpu_per_turn) = steady[STEADY_ROUNDS / 2];
+        let (low, high) = (steady[0].1, steady[STEADY_ROUNDS - 1].1);
+        println!(
+            "{name:>8} steady: {turns_per_second:>8.0} turns/s, {cpu_per_turn:>6.1} µs CPU per turn \
+             (rounds {low:.1} – {high:.1})"
+        );
     }
     let _ = std::fs::remove_dir_all(dir);
     if let Some(bench) = postgres {

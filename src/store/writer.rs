@@ -25,8 +25,14 @@ use crate::store::encode::stamp;
 use crate::store::group::{EventRow, Fixed, GroupWrite, Job, RunState, Slot, Text, plan};
 use crate::store::{Columns, Pool, TERMINAL, backend};
 
-/// At most this many jobs share a transaction.
-const MAX_GROUP: usize = 1024;
+/// At most this many jobs share a transaction, by backend. On SQLite, groups of
+/// 256 cost less CPU per commit than groups of 1,024 (3 – 5 µs a turn in the
+/// durability bench): the commits of a group are answered together, and the
+/// sessions they wake then run with less of their state pushed out of the CPU's
+/// caches. On PostgreSQL, where each group also pays a round trip per statement
+/// and an fsync, smaller groups were no better.
+const MAX_GROUP_SQLITE: usize = 256;
+const MAX_GROUP_POSTGRES: usize = 1024;
 
 /// At most this many rows per statement (a power of two). With 18 columns at most,
 /// far under SQLite's limit of bound parameters (32,766) and PostgreSQL's (65,535).
@@ -94,9 +100,13 @@ struct Memory {
 }
 
 async fn run(pool: Pool, mut inbox: mpsc::Receiver<Request>) {
-    let mut requests = Vec::with_capacity(MAX_GROUP);
+    let max_group = match pool {
+        Pool::Sqlite(_) => MAX_GROUP_SQLITE,
+        Pool::Postgres(_) => MAX_GROUP_POSTGRES,
+    };
+    let mut requests = Vec::with_capacity(max_group);
     let mut memory = Memory::default();
-    while inbox.recv_many(&mut requests, MAX_GROUP).await > 0 {
+    while inbox.recv_many(&mut requests, max_group).await > 0 {
         let (jobs, replies): (Vec<Job>, Vec<_>) =
             requests.drain(..).map(|request| (request.job, request.reply)).unzip();
         let outcomes = write_jobs(&pool, &jobs, &mut memory).await;
