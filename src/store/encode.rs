@@ -45,14 +45,22 @@ fn utf8(body: Vec<u8>) -> Result<String, StoreError> {
 /// The events of one commit as one JSON array (what a `run_events` row holds):
 /// each as `serde_json::to_string(event)` writes it but without its `run_id`,
 /// which is the row's own (see [`push_event`]; [`read_batch`] puts it back).
-pub(super) fn event_batch(events: &[RunEvent]) -> Result<String, StoreError> {
+///
+/// `embedded` gives, for a `tool_metric`, `plan_updated` or `review` event, the
+/// JSON of its record, plan or review if the commit's writes already hold it (the
+/// same value, serialized for its own row), which is then copied instead of
+/// serialized again.
+pub(super) fn event_batch<'a>(
+    events: &[RunEvent],
+    embedded: impl Fn(&EventKind) -> Option<&'a str>,
+) -> Result<String, StoreError> {
     let mut body = Vec::with_capacity(BODY_CAPACITY * events.len().max(1));
     body.push(b'[');
     for (index, event) in events.iter().enumerate() {
         if index > 0 {
             body.push(b',');
         }
-        push_event(&mut body, event)?;
+        push_event(&mut body, event, &embedded)?;
     }
     body.push(b']');
     utf8(body)
@@ -63,7 +71,11 @@ pub(super) fn event_batch(events: &[RunEvent]) -> Result<String, StoreError> {
 /// its kind after its own fields, so its JSON is those fields followed by the
 /// members of the kind's own JSON object (internally tagged, so never empty): the
 /// kind is written after them and its opening brace becomes the separating comma.
-fn push_event(body: &mut Vec<u8>, event: &RunEvent) -> Result<(), StoreError> {
+fn push_event<'a>(
+    body: &mut Vec<u8>,
+    event: &RunEvent,
+    embedded: impl Fn(&EventKind) -> Option<&'a str>,
+) -> Result<(), StoreError> {
     let mut head = String::with_capacity(96);
     head.push_str("{\"seq\":");
     head.push_str(itoa(event.seq, &mut [0; 20]));
@@ -76,6 +88,26 @@ fn push_event(body: &mut Vec<u8>, event: &RunEvent) -> Result<(), StoreError> {
         head.push('"');
     }
     body.extend_from_slice(head.as_bytes());
+    // The members serde writes for these variants: the tag, then the fields in the
+    // order they are declared.
+    let lead: Option<&[u8]> = match &event.kind {
+        EventKind::ToolMetric { .. } => Some(b",\"kind\":\"tool_metric\",\"record\":"),
+        EventKind::PlanUpdated { .. } => Some(b",\"kind\":\"plan_updated\",\"plan\":"),
+        EventKind::Review { .. } => Some(b",\"kind\":\"review\",\"turn\":"),
+        _ => None,
+    };
+    if let Some(lead) = lead
+        && let Some(json) = embedded(&event.kind)
+    {
+        body.extend_from_slice(lead);
+        if let EventKind::Review { turn, .. } = &event.kind {
+            body.extend_from_slice(itoa(u64::from(*turn), &mut [0; 20]).as_bytes());
+            body.extend_from_slice(b",\"review\":");
+        }
+        body.extend_from_slice(json.as_bytes());
+        body.push(b'}');
+        return Ok(());
+    }
     let kind_at = body.len();
     serde_json::to_writer(&mut *body, &event.kind).map_err(cannot_encode)?;
     match body.get(kind_at..kind_at + 2) {
@@ -173,7 +205,7 @@ mod tests {
                     let seq = [0, 1, 9, 10, 12_345, u64::MAX][index % 6];
                     let event = RunEvent { run_id: RunId::new(), seq, ts: time, parent_run_id, kind: kind.clone() };
                     let one = std::slice::from_ref(&event);
-                    let written = event_batch(one).unwrap();
+                    let written = event_batch(one, |_| None).unwrap();
                     assert_eq!(written, without_runs(one));
                     assert_eq!(read_batch(&written, event.run_id).unwrap(), one, "read back with its run");
                     assert_eq!(*run_id(event.run_id), *event.run_id.to_string());
@@ -181,8 +213,8 @@ mod tests {
                 }
             }
         }
-        assert_eq!(event_batch(&all).unwrap(), without_runs(&all));
-        assert_eq!(event_batch(&[]).unwrap(), "[]");
+        assert_eq!(event_batch(&all, |_| None).unwrap(), without_runs(&all));
+        assert_eq!(event_batch(&[], |_| None).unwrap(), "[]");
     }
 
     /// Rows written before schema v6 hold each event whole, run included.

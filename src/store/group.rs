@@ -11,7 +11,9 @@ use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::sync::Arc;
 
-use troupe_actors::protocol::{RunEvent, RunId};
+use foldhash::fast::RandomState;
+
+use troupe_actors::protocol::{EventKind, RunEvent, RunId};
 use troupe_actors::store::{Commit, RunRecord, StoreError, StoreWrite, check_sequence};
 
 use crate::store::TERMINAL;
@@ -20,6 +22,12 @@ use crate::store::encode::{event_batch, json, run_id as id_text, stamp};
 /// Text shared between a job and the rows written from it: a group that fails is
 /// written again one job at a time, and binding an `Arc<str>` copies nothing.
 pub(super) type Text = Arc<str>;
+
+/// The writer's maps: keyed by run ids, call ids and integers the store makes,
+/// not by anything a client chooses, so a fast hash without flooding resistance
+/// will do (SipHash over a run's 36-character id was a measurable share of a
+/// group's planning).
+pub(super) type Map<K, V> = HashMap<K, V, RandomState>;
 
 /// The events of one commit, encoded as the one `run_events` row that holds them
 /// (a JSON array of the events `first..=last`).
@@ -45,7 +53,7 @@ pub(super) enum EncodedWrite {
 /// bodies serialised) by the caller, so the one writer task only binds and writes.
 pub(super) enum Job {
     /// A new run and its first events.
-    Create { run_id: RunId, id: Text, fixed: Fixed, state: RunState, events: Option<EncodedEvents> },
+    Create { run_id: RunId, fixed: Fixed, state: RunState, events: Option<EncodedEvents> },
     /// A commit to an existing run.
     Commit {
         run_id: RunId,
@@ -60,6 +68,8 @@ pub(super) enum Job {
 /// The columns of a run that never change after it is created.
 #[derive(Clone)]
 pub(super) struct Fixed {
+    /// The run's id as the store's columns hold it.
+    pub run_id: Text,
     pub parent_run_id: Option<Text>,
     pub agent: Text,
     pub input: Text,
@@ -94,6 +104,7 @@ impl Job {
     pub(super) fn create(run: &RunRecord, events: &[RunEvent]) -> Result<Self, StoreError> {
         check_sequence(run.run_id, 0, events)?;
         let fixed = Fixed {
+            run_id: id_text(run.run_id),
             parent_run_id: run.parent_run_id.map(|id| id.to_string().into()),
             agent: run.agent.as_str().into(),
             input: run.input.as_str().into(),
@@ -114,8 +125,7 @@ impl Job {
             document_count: 0,
             updated_at: stamp(run.updated_at).into(),
         };
-        let id = id_text(run.run_id);
-        Ok(Job::Create { run_id: run.run_id, id, fixed, state, events: encode_events(events)? })
+        Ok(Job::Create { run_id: run.run_id, fixed, state, events: encode_events(events, |_| None)? })
     }
 
     /// Encodes a commit; its events must be contiguous among themselves (whether
@@ -126,25 +136,63 @@ impl Job {
         if let Some(expected) = expected {
             check_sequence(run_id, expected, &commit.events)?;
         }
-        let writes = commit.writes.iter().map(encode_write).collect::<Result<_, _>>()?;
-        let events = encode_events(&commit.events)?;
+        let writes: Vec<EncodedWrite> = commit.writes.iter().map(encode_write).collect::<Result<_, _>>()?;
+        let events = encode_events(&commit.events, |kind| embedded(kind, &commit.writes, &writes))?;
         Ok(Job::Commit { run_id, id: id_text(run_id), expected, events, writes })
     }
 
-    /// The id of the run the job touches.
+    /// The id of the run the job touches, as the store's columns hold it.
     pub(super) fn id(&self) -> &Text {
         match self {
-            Job::Create { id, .. } | Job::Commit { id, .. } => id,
+            Job::Create { fixed, .. } => &fixed.run_id,
+            Job::Commit { id, .. } => id,
+        }
+    }
+
+    /// The run the job touches.
+    pub(super) fn run_id(&self) -> RunId {
+        match self {
+            Job::Create { run_id, .. } | Job::Commit { run_id, .. } => *run_id,
         }
     }
 }
 
-/// `None` for a commit without events.
-fn encode_events(events: &[RunEvent]) -> Result<Option<EncodedEvents>, StoreError> {
+/// `None` for a commit without events; `embedded` as for [`event_batch`].
+fn encode_events<'a>(
+    events: &[RunEvent],
+    embedded: impl Fn(&EventKind) -> Option<&'a str>,
+) -> Result<Option<EncodedEvents>, StoreError> {
     let (Some(first), Some(last)) = (events.first(), events.last()) else {
         return Ok(None);
     };
-    Ok(Some(EncodedEvents { first: first.seq as i64, last: last.seq as i64, body: event_batch(events)?.into() }))
+    let body = event_batch(events, embedded)?.into();
+    Ok(Some(EncodedEvents { first: first.seq as i64, last: last.seq as i64, body }))
+}
+
+/// The JSON of the tool record, plan or review an event carries, where one of the
+/// commit's `writes` (encoded as `encoded`) holds the same value: a call's
+/// `tool_metric` event and its record, a `plan_updated` event and its plan, a
+/// `review` event and its review are written both as events and as rows.
+fn embedded<'a>(kind: &EventKind, writes: &[StoreWrite], encoded: &'a [EncodedWrite]) -> Option<&'a str> {
+    writes.iter().zip(encoded).find_map(|pair| match (kind, pair) {
+        (
+            EventKind::ToolMetric { record },
+            (StoreWrite::ToolExecution(written), EncodedWrite::ToolExecution { body, .. }),
+        ) if **record == *written => Some(&**body),
+        (EventKind::PlanUpdated { plan }, (StoreWrite::Plan(written), EncodedWrite::Plan { body, .. }))
+            if plan == written =>
+        {
+            Some(&**body)
+        }
+        // The row holds `[turn, review]`.
+        (
+            EventKind::Review { turn, review },
+            (StoreWrite::Review { turn: written_turn, review: written }, EncodedWrite::Review { body, .. }),
+        ) if turn == written_turn && **review == *written => {
+            body.split_once(',').and_then(|(_, review)| review.strip_suffix(']'))
+        }
+        _ => None,
+    })
 }
 
 fn encode_write(write: &StoreWrite) -> Result<EncodedWrite, StoreError> {
@@ -204,19 +252,19 @@ impl Slot {
 /// last value: PostgreSQL refuses a multi-row upsert that hits one row twice.
 #[derive(Default)]
 pub(super) struct GroupWrite {
-    /// Runs created by the group, final state: `(id, fixed columns, state)`.
-    pub created: Vec<(Text, Fixed, RunState)>,
+    /// Runs created by the group, final state: `(run, fixed columns, state)`.
+    pub created: Vec<(RunId, Fixed, RunState)>,
     /// Existing runs whose status, reason or final output the group changed,
     /// final state: every mutable column is written.
-    pub updated: Vec<(Text, RunState)>,
+    pub updated: Vec<(RunId, RunState)>,
     /// The other existing runs the group changed whose last change in the group
     /// had no events (new rows, turn or usage), final state: only the columns a
     /// commit in flight changes are written, none of them indexed, so that no
     /// index entry of the run moves.
-    pub progressed: Vec<(Text, RunState)>,
+    pub progressed: Vec<(RunId, RunState)>,
     /// The other existing runs the group changed, final state: not written, their
     /// last `run_events` row holds it (schema v6); kept for the writer's cache.
-    pub carried: Vec<(Text, RunState)>,
+    pub carried: Vec<(RunId, RunState)>,
     /// One row per commit with events, with the run's progress after it.
     pub events: Vec<EventRow>,
     /// `(run key, idx, tenant, turn, body)`.
@@ -237,17 +285,45 @@ pub(super) struct EventRow {
     pub last: i64,
     pub first: i64,
     pub body: Text,
-    /// The run's state after the commit (its key, tenant, turn, usage, counters,
-    /// and the commit's time as `updated_at`).
-    pub state: RunState,
+    /// The run's progress after the commit.
+    pub progress: Progress,
+}
+
+/// The columns of a `run_events` row that hold its run's progress after the
+/// commit (schema v6), with the run's key and tenant.
+pub(super) struct Progress {
+    pub key: i64,
+    pub tenant: Text,
+    pub turn: i64,
+    pub usage: Text,
+    pub message_count: i64,
+    pub tool_count: i64,
+    pub document_count: i64,
+    /// The commit's time.
+    pub updated_at: Text,
+}
+
+impl Progress {
+    fn of(state: &RunState) -> Self {
+        Self {
+            key: state.key,
+            tenant: state.tenant.clone(),
+            turn: state.turn,
+            usage: state.usage.clone(),
+            message_count: state.message_count,
+            tool_count: state.tool_count,
+            document_count: state.document_count,
+            updated_at: state.updated_at.clone(),
+        }
+    }
 }
 
 /// Where each keyed row sits in a [`GroupWrite`], so a later write replaces it.
 #[derive(Default)]
 struct Positions {
-    tool_executions: HashMap<(i64, i64, Text), usize>,
-    plans: HashMap<(i64, i64), usize>,
-    reviews: HashMap<(i64, i64), usize>,
+    tool_executions: Map<(i64, i64, Text), usize>,
+    plans: Map<(i64, i64), usize>,
+    reviews: Map<(i64, i64), usize>,
 }
 
 /// Checks every job in order against `runs` (the group's runs as read, by id) and
@@ -256,7 +332,7 @@ struct Positions {
 /// Each run the group creates takes the key `next_key`, which then goes up by one.
 pub(super) fn plan(
     jobs: &[Job],
-    mut runs: HashMap<Text, Slot>,
+    mut runs: Map<RunId, Slot>,
     now: &Text,
     next_key: &mut i64,
 ) -> (GroupWrite, Vec<Result<(), StoreError>>) {
@@ -277,15 +353,15 @@ pub(super) fn plan(
 
 fn accept(
     job: &Job,
-    runs: &mut HashMap<Text, Slot>,
+    runs: &mut Map<RunId, Slot>,
     now: &Text,
     next_key: &mut i64,
     write: &mut GroupWrite,
     positions: &mut Positions,
 ) -> Result<(), StoreError> {
     match job {
-        Job::Create { run_id, id, fixed, state, events } => {
-            let Entry::Vacant(vacant) = runs.entry(id.clone()) else {
+        Job::Create { run_id, fixed, state, events } => {
+            let Entry::Vacant(vacant) = runs.entry(*run_id) else {
                 return Err(StoreError::Exists(*run_id));
             };
             let key = *next_key;
@@ -301,8 +377,8 @@ fn accept(
             push_events(write, &slot.state, events);
             Ok(())
         }
-        Job::Commit { run_id, id, expected, events, writes } => {
-            let slot = runs.get_mut(id).ok_or(StoreError::NotFound(*run_id))?;
+        Job::Commit { run_id, expected, events, writes, .. } => {
+            let slot = runs.get_mut(run_id).ok_or(StoreError::NotFound(*run_id))?;
             let state = &mut slot.state;
             if TERMINAL.contains(&&*state.status) {
                 return Err(StoreError::Terminal(*run_id));
@@ -334,12 +410,12 @@ fn accept(
 fn push_events(write: &mut GroupWrite, state: &RunState, events: &Option<EncodedEvents>) {
     if let Some(events) = events {
         let (last, first, body) = (events.last, events.first, events.body.clone());
-        write.events.push(EventRow { last, first, body, state: state.clone() });
+        write.events.push(EventRow { last, first, body, progress: Progress::of(state) });
     }
 }
 
 /// Upserts `row` under `key`: replaces the row already planned with that key.
-fn upsert<K: std::hash::Hash + Eq, R>(rows: &mut Vec<R>, positions: &mut HashMap<K, usize>, key: K, row: R) {
+fn upsert<K: std::hash::Hash + Eq, R>(rows: &mut Vec<R>, positions: &mut Map<K, usize>, key: K, row: R) {
     match positions.entry(key) {
         Entry::Occupied(at) => rows[*at.get()] = row,
         Entry::Vacant(slot) => {
@@ -437,9 +513,9 @@ mod tests {
     #[test]
     fn a_refused_commit_fails_alone_and_adds_no_row() {
         let (created, ended, missing) = (RunId::new(), RunId::new(), RunId::new());
-        let mut runs = HashMap::new();
-        let Job::Create { id, state, .. } = Job::create(&record(ended), &[]).unwrap() else { unreachable!() };
-        runs.insert(id, Slot::read(RunState { key: 7, status: "failed".into(), ..state }));
+        let mut runs = Map::default();
+        let Job::Create { state, .. } = Job::create(&record(ended), &[]).unwrap() else { unreachable!() };
+        runs.insert(ended, Slot::read(RunState { key: 7, status: "failed".into(), ..state }));
         let jobs = vec![
             Job::create(&record(created), &[event(created, 1)]).unwrap(),
             Job::create(&record(ended), &[event(ended, 1)]).unwrap(),
@@ -472,11 +548,69 @@ mod tests {
         // The new run took the next key (the refused creation took none), and its
         // rows name it by that key.
         assert_eq!((state.key, next_key), (8, 9));
-        assert!(write.events.iter().all(|row| row.state.key == 8));
+        assert!(write.events.iter().all(|row| row.progress.key == 8));
         // One row per call, with its last status and the number of its first record.
         assert_eq!(write.tool_executions.len(), 1);
         let row = &write.tool_executions[0];
         assert_eq!((row.0, row.3, row.5), (8, 1, "completed"));
+    }
+
+    /// A tool record, plan or review that a commit writes both as a row and inside
+    /// an event is serialized once; the event reads as if serialized on its own,
+    /// also where the event's value differs from the row's.
+    #[test]
+    fn values_written_as_rows_and_events_are_serialized_once_and_read_back_unchanged() {
+        use troupe_actors::protocol::{Plan, Recommendation, Review, ReviewStatus, TaskStatus, TodoItem};
+        let run_id = RunId::new();
+        let StoreWrite::ToolExecution(record) = call(run_id, CallStatus::Completed) else { unreachable!() };
+        let other =
+            ToolExecutionRecord { status: CallStatus::Failed, error: Some("boom \"quoted\"".into()), ..record.clone() };
+        let item = |id: &str| TodoItem {
+            id: id.into(),
+            content: format!("task {id} ✓"),
+            status: TaskStatus::Pending,
+            tools: Vec::new(),
+            result: Some("done".into()),
+            error: None,
+        };
+        let plan = Plan { version: 3, items: vec![item("1"), item("2")] };
+        let review = Review {
+            status: ReviewStatus::Ok,
+            quality_score: 0.5,
+            completeness: 1.0,
+            relevance: 0.25,
+            needs_more_data: false,
+            gaps: vec!["a \"gap\"".into()],
+            suggested_actions: Vec::new(),
+            recommendation: Recommendation::Proceed,
+            updated_plan: Some(vec![item("3")]),
+            notes: "line\nbreak".into(),
+        };
+        let kinds = vec![
+            EventKind::ToolMetric { record: Box::new(record.clone()) },
+            EventKind::ToolMetric { record: Box::new(other) },
+            EventKind::PlanUpdated { plan: plan.clone() },
+            EventKind::Review { turn: 12, review: Box::new(review.clone()) },
+            EventKind::Review { turn: 13, review: Box::new(review.clone()) },
+        ];
+        let events: Vec<RunEvent> = (1..)
+            .zip(kinds)
+            .map(|(seq, kind)| RunEvent { run_id, seq, ts: Utc::now(), parent_run_id: None, kind })
+            .collect();
+        let writes =
+            vec![StoreWrite::ToolExecution(record), StoreWrite::Plan(plan), StoreWrite::Review { turn: 12, review }];
+        let embedded: Vec<bool> = {
+            let encoded: Vec<EncodedWrite> = writes.iter().map(encode_write).collect::<Result<_, _>>().unwrap();
+            events.iter().map(|event| embedded(&event.kind, &writes, &encoded).is_some()).collect()
+        };
+        assert_eq!(embedded, vec![true, false, true, true, false], "only equal values are taken from the rows");
+        let Job::Commit { events: Some(batch), .. } =
+            Job::commit(&Commit { run_id, writes, events: events.clone() }).unwrap()
+        else {
+            unreachable!()
+        };
+        assert_eq!(&*batch.body, event_batch(&events, |_| None).unwrap(), "as serialized on its own");
+        assert_eq!(crate::store::encode::read_batch(&batch.body, run_id).unwrap(), events);
     }
 
     /// A run whose status, reason or final output a job changed is written whole
@@ -488,10 +622,10 @@ mod tests {
         use troupe_actors::protocol::{RunStatus, Usage};
         let [moved, answered, carried, quiet, untouched] =
             [RunId::new(), RunId::new(), RunId::new(), RunId::new(), RunId::new()];
-        let mut runs = HashMap::new();
+        let mut runs = Map::default();
         for (key, run_id) in (1..).zip([moved, answered, carried, quiet, untouched]) {
-            let Job::Create { id, state, .. } = Job::create(&record(run_id), &[]).unwrap() else { unreachable!() };
-            runs.insert(id, Slot::read(RunState { key, ..state }));
+            let Job::Create { state, .. } = Job::create(&record(run_id), &[]).unwrap() else { unreachable!() };
+            runs.insert(run_id, Slot::read(RunState { key, ..state }));
         }
         let progress = || StoreWrite::Progress { turn: 2, usage: Usage::default() };
         let jobs = vec![
@@ -504,24 +638,24 @@ mod tests {
         ];
         let (write, outcomes) = plan(&jobs, runs, &"now".into(), &mut 6);
         assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
-        let ids = |rows: &[(Text, RunState)]| {
-            let mut ids: Vec<String> = rows.iter().map(|(id, _)| id.to_string()).collect();
+        let ids = |rows: &[(RunId, RunState)]| {
+            let mut ids: Vec<RunId> = rows.iter().map(|(id, _)| *id).collect();
             ids.sort();
             ids
         };
-        let mut whole = vec![moved.to_string(), answered.to_string()];
+        let mut whole = vec![moved, answered];
         whole.sort();
         assert_eq!(ids(&write.updated), whole);
-        assert_eq!(ids(&write.progressed), vec![quiet.to_string()], "its last commit had no events");
-        assert_eq!(ids(&write.carried), vec![carried.to_string()], "the untouched run is not written");
-        let (_, state) = write.updated.iter().find(|(id, _)| **id == *moved.to_string()).unwrap();
+        assert_eq!(ids(&write.progressed), vec![quiet], "its last commit had no events");
+        assert_eq!(ids(&write.carried), vec![carried], "the untouched run is not written");
+        let (_, state) = write.updated.iter().find(|(id, _)| *id == moved).unwrap();
         assert_eq!((&*state.status, state.turn, state.last_seq), ("waiting_input", 2, 2), "its final state");
         let (_, state) = &write.progressed[0];
         assert_eq!((state.turn, state.last_seq), (2, 1));
         // The carried run's progress is in the row of its events, as the commit left it.
-        let row = write.events.iter().find(|row| row.state.key == 3).unwrap();
-        let state = &row.state;
-        assert_eq!((row.first, row.last, state.turn, state.last_seq, state.tool_count), (1, 2, 2, 2, 1));
-        assert_eq!(&*state.updated_at, "now");
+        let row = write.events.iter().find(|row| row.progress.key == 3).unwrap();
+        let progress = &row.progress;
+        assert_eq!((row.first, row.last, progress.turn, progress.tool_count), (1, 2, 2, 1));
+        assert_eq!(&*progress.updated_at, "now");
     }
 }

@@ -14,15 +14,15 @@
 //! each in its own transaction, so one bad commit fails only its own caller and
 //! no caller is told `Ok` for a write that did not land.
 
-use std::collections::HashMap;
-
 use chrono::Utc;
 use sqlx::Arguments;
 use tokio::sync::{mpsc, oneshot};
 use troupe_actors::store::StoreError;
 
 use crate::store::encode::stamp;
-use crate::store::group::{EventRow, Fixed, GroupWrite, Job, RunState, Slot, Text, plan};
+use troupe_actors::protocol::RunId;
+
+use crate::store::group::{EventRow, Fixed, GroupWrite, Job, Map, Progress, RunState, Slot, Text, plan};
 use crate::store::{Columns, Pool, TERMINAL, backend};
 
 /// At most this many jobs share a transaction, by backend. On SQLite, groups of
@@ -87,7 +87,7 @@ const MAX_KNOWN: usize = 1 << 16;
 /// process owns the store, and retention deletes only ended runs, which are not
 /// kept). It is updated only after a transaction committed, and emptied when one
 /// fails, so it never holds a state the database does not.
-type Known = HashMap<Text, RunState>;
+type Known = Map<RunId, RunState>;
 
 /// What the writer keeps between groups.
 #[derive(Default)]
@@ -237,7 +237,7 @@ macro_rules! write_rows {
             $limit,
             $postgres,
             created,
-            |(id, fixed, state): &(Text, Fixed, RunState)| id.len()
+            |(_, fixed, state): &(RunId, Fixed, RunState)| fixed.run_id.len()
                 + fixed.input.len()
                 + fixed.limits.len()
                 + state.usage.len()
@@ -250,9 +250,9 @@ macro_rules! write_rows {
              ended_at) "
             ),
             "",
-            |row, (id, fixed, state)| {
+            |row, (_, fixed, state)| {
                 row.push_bind(state.key)
-                    .push_bind(id.clone())
+                    .push_bind(fixed.run_id.clone())
                     .push_bind(state.tenant.clone())
                     .push_bind(fixed.parent_run_id.clone())
                     .push_bind(fixed.agent.clone())
@@ -277,7 +277,7 @@ macro_rules! write_rows {
             $limit,
             $postgres,
             updated,
-            |(_, state): &(Text, RunState)| state.usage.len()
+            |(_, state): &(RunId, RunState)| state.usage.len()
                 + state.final_output.as_ref().map_or(0, |text| text.len())
                 + state.reason.as_ref().map_or(0, |text| text.len())
                 + 128,
@@ -312,7 +312,7 @@ macro_rules! write_rows {
             $limit,
             $postgres,
             progressed,
-            |(_, state): &(Text, RunState)| state.usage.len() + 96,
+            |(_, state): &(RunId, RunState)| state.usage.len() + 96,
             "WITH changed (run_key, turn, usage, last_seq, message_count, tool_count, document_count, updated_at) AS (",
             &format!(
                 ") UPDATE {or}runs SET turn = changed.turn, usage = changed.usage, last_seq = changed.last_seq, \
@@ -336,24 +336,26 @@ macro_rules! write_rows {
             $limit,
             $postgres,
             events,
-            |row: &EventRow| row.body.len() + row.state.usage.len() + 96,
+            |row: &EventRow| row.body.len() + row.progress.usage.len() + 96,
             &format!(
                 "INSERT {or}INTO run_events (run_key, last_seq, first_seq, tenant, body, turn, usage, \
              message_count, tool_count, document_count, committed_at) "
             ),
             "",
-            |row, EventRow { last, first, body, state }| {
-                row.push_bind(state.key)
+            |row, EventRow { last, first, body, progress }| {
+                let Progress { key, tenant, turn, usage, message_count, tool_count, document_count, updated_at } =
+                    progress;
+                row.push_bind(*key)
                     .push_bind(*last)
                     .push_bind(*first)
-                    .push_bind(state.tenant.clone())
+                    .push_bind(tenant.clone())
                     .push_bind(body.clone())
-                    .push_bind(state.turn)
-                    .push_bind(state.usage.clone())
-                    .push_bind(state.message_count)
-                    .push_bind(state.tool_count)
-                    .push_bind(state.document_count)
-                    .push_bind(state.updated_at.clone())
+                    .push_bind(*turn)
+                    .push_bind(usage.clone())
+                    .push_bind(*message_count)
+                    .push_bind(*tool_count)
+                    .push_bind(*document_count)
+                    .push_bind(updated_at.clone())
             }
         );
         insert_rows!(
@@ -433,14 +435,20 @@ async fn write_group(
     jobs: &[Job],
     memory: &mut Memory,
 ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
-    let mut runs = HashMap::with_capacity(jobs.len());
+    let mut runs = Map::with_capacity_and_hasher(jobs.len(), Default::default());
     let mut ids: Vec<&Text> = Vec::new();
-    for id in jobs.iter().map(Job::id) {
-        match memory.known.get(id) {
+    for job in jobs {
+        let run_id = job.run_id();
+        if runs.contains_key(&run_id) {
+            continue;
+        }
+        // Taken out of the cache: `remember` puts back what the group committed
+        // (a run no job of the group changed is read again next time).
+        match memory.known.remove(&run_id) {
             Some(state) => {
-                runs.entry(id.clone()).or_insert_with(|| Slot::read(state.clone()));
+                runs.insert(run_id, Slot::read(state));
             }
-            None => ids.push(id),
+            None => ids.push(job.id()),
         }
     }
     ids.sort_unstable();
@@ -474,7 +482,10 @@ async fn write_group(
                 select.push(")");
                 for row in select.build().fetch_all(&mut *tx).await.map_err(backend)? {
                     let slot = Slot::read(state_from_row(&row)?);
-                    runs.insert(Text::from(row.text("run_id")?), slot);
+                    let run_id = row.text("run_id")?.parse::<RunId>().map_err(|error| {
+                        StoreError::Backend(format!("a stored run id is not a UUID: {error}"))
+                    })?;
+                    runs.insert(run_id, slot);
                 }
             }
             let (rows, outcomes) = plan(jobs, runs, &now, &mut next_key);
