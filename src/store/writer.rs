@@ -26,8 +26,8 @@ use crate::store::group::{EventRow, Fixed, GroupWrite, Job, Map, Progress, RunSt
 use crate::store::{Columns, Pool, TERMINAL, backend};
 
 /// At most this many jobs share a transaction, by backend. On SQLite, groups of
-/// 256 cost less CPU per commit than groups of 1,024 (3 – 5 µs a turn in the
-/// durability bench): the commits of a group are answered together, and the
+/// 256 cost less CPU per commit than groups of 1,024 (1 – 7 µs a turn less in
+/// paired runs of the durability bench): the commits of a group are answered together, and the
 /// sessions they wake then run with less of their state pushed out of the CPU's
 /// caches. On PostgreSQL, where each group also pays a round trip per statement
 /// and an fsync, smaller groups were no better.
