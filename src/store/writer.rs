@@ -27,9 +27,9 @@ use crate::store::{Columns, Pool, TERMINAL, backend};
 
 /// At most this many jobs share a transaction, by backend. On SQLite, groups of
 /// 256 cost less CPU per commit than groups of 1,024 (1 – 7 µs a turn less in
-/// paired runs of the durability bench): the commits of a group are answered together, and the
-/// sessions they wake then run with less of their state pushed out of the CPU's
-/// caches. On PostgreSQL, where each group also pays a round trip per statement
+/// paired runs of the durability bench): the commits of a group are answered
+/// together, and the sessions they wake then run with less of their state pushed
+/// out of the CPU's caches. On PostgreSQL, where each group also pays a round trip per statement
 /// and an fsync, smaller groups were no better.
 const MAX_GROUP_SQLITE: usize = 256;
 const MAX_GROUP_POSTGRES: usize = 1024;
