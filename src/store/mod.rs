@@ -8,7 +8,8 @@
 //! (group commit) and answers each caller after it committed; `group.rs` checks
 //! and merges a group in memory. Reads use the pool. On SQLite a write transaction
 //! begins `IMMEDIATE` (no upgrade deadlocks). The writer keeps the committed row of
-//! every unfinished run, so a group reads only the runs it does not know yet, and
+//! every unfinished run, so a group reads only the runs it does not know yet (and
+//! not those it creates), and
 //! allocates each new run's integer key (`run_key`), which the child tables name
 //! their run by (schema v7); reads find a run by its id, then its rows by its key.
 

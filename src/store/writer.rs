@@ -124,16 +124,38 @@ async fn write_jobs(pool: &Pool, jobs: &[Job], memory: &mut Memory) -> Vec<Resul
     };
     // Whether a failed commit left anything behind is for the database to say.
     *memory = Memory::default();
-    if jobs.len() == 1 {
-        return vec![Err(error)];
+    if let [job] = jobs {
+        return vec![Err(refused(pool, job, error).await)];
     }
     tracing::warn!(%error, jobs = jobs.len(), "a group commit failed; writing its commits one by one");
     let mut outcomes = Vec::with_capacity(jobs.len());
     for job in jobs {
-        let outcome = write_group(pool, std::slice::from_ref(job), memory).await;
-        outcomes.push(outcome.and_then(|mut single| single.pop().unwrap_or(Ok(()))));
+        let outcome = match write_group(pool, std::slice::from_ref(job), memory).await {
+            Ok(mut single) => single.pop().unwrap_or(Ok(())),
+            Err(error) => Err(refused(pool, job, error).await),
+        };
+        outcomes.push(outcome);
     }
     outcomes
+}
+
+/// Why a job written alone failed. The writer does not read the runs it creates,
+/// so creating a run that is already stored shows up as a failed insert: it is
+/// reported as [`StoreError::Exists`]. Any other failure is returned as it is.
+async fn refused(pool: &Pool, job: &Job, error: StoreError) -> StoreError {
+    let Job::Create { run_id, fixed, .. } = job else {
+        return error;
+    };
+    let sql = "SELECT run_key FROM runs WHERE run_id = $1";
+    let id = &*fixed.run_id;
+    let stored = match pool {
+        Pool::Sqlite(pool) => sqlx::query_scalar::<_, i64>(sql).bind(id).fetch_optional(pool).await,
+        Pool::Postgres(pool) => sqlx::query_scalar::<_, i64>(sql).bind(id).fetch_optional(pool).await,
+    };
+    match stored {
+        Ok(Some(_)) => StoreError::Exists(*run_id),
+        _ => error,
+    }
 }
 
 /// Binds the rows of one table as multi-row `INSERT … VALUES (…), (…)` statements.
@@ -436,10 +458,17 @@ async fn write_group(
     memory: &mut Memory,
 ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
     let mut runs = Map::with_capacity_and_hasher(jobs.len(), Default::default());
+    // Runs this group creates: there is nothing to read for them, nor for their
+    // commits that follow in the group. (A run created twice fails its insert;
+    // see `refused`.)
+    let mut created: Map<RunId, ()> = Map::default();
     let mut ids: Vec<&Text> = Vec::new();
     for job in jobs {
         let run_id = job.run_id();
-        if runs.contains_key(&run_id) {
+        if let Job::Create { .. } = job {
+            created.insert(run_id, ());
+        }
+        if runs.contains_key(&run_id) || created.contains_key(&run_id) {
             continue;
         }
         // Taken out of the cache: `remember` puts back what the group committed
@@ -455,15 +484,17 @@ async fn write_group(
     ids.dedup();
     let now: Text = stamp(Utc::now()).into();
     macro_rules! group {
-        ($pool:ident, $postgres:expr) => {{
+        ($pool:ident, $postgres:expr, $read:ident) => {{
             let mut tx = if $postgres { $pool.begin().await } else { $pool.begin_with("BEGIN IMMEDIATE").await }
                 .map_err(backend)?;
             let limit = if $postgres { PG_STATEMENT_BYTES } else { usize::MAX };
             let mut next_key = match memory.next_key {
                 Some(key) => key,
                 None => {
-                    let largest: Option<i64> =
-                        sqlx::query_scalar("SELECT MAX(run_key) FROM runs").fetch_one(&mut *tx).await.map_err(backend)?;
+                    let largest: Option<i64> = sqlx::query_scalar("SELECT MAX(run_key) FROM runs")
+                        .fetch_one(&mut *tx)
+                        .await
+                        .map_err(backend)?;
                     largest.unwrap_or(0) + 1
                 }
             };
@@ -471,20 +502,12 @@ async fn write_group(
             while !rest.is_empty() {
                 let (chunk, tail) = rest.split_at(chunk_len(rest, |id| id.len(), limit));
                 rest = tail;
-                let mut select = sqlx::QueryBuilder::new(
-                    "SELECT run_key, run_id, tenant, status, reason, turn, usage, final_output, last_seq, message_count, \
-                     tool_count, document_count, updated_at FROM runs_now WHERE run_id IN (",
-                );
-                let mut list = select.separated(", ");
-                for id in chunk {
-                    list.push_bind(Text::clone(id));
-                }
-                select.push(")");
-                for row in select.build().fetch_all(&mut *tx).await.map_err(backend)? {
+                for row in $read(&mut tx, chunk).await? {
                     let slot = Slot::read(state_from_row(&row)?);
-                    let run_id = row.text("run_id")?.parse::<RunId>().map_err(|error| {
-                        StoreError::Backend(format!("a stored run id is not a UUID: {error}"))
-                    })?;
+                    let run_id = row
+                        .text("run_id")?
+                        .parse::<RunId>()
+                        .map_err(|error| StoreError::Backend(format!("a stored run id is not a UUID: {error}")))?;
                     runs.insert(run_id, slot);
                 }
             }
@@ -497,9 +520,45 @@ async fn write_group(
         }};
     }
     match pool {
-        Pool::Sqlite(pool) => group!(pool, false),
-        Pool::Postgres(pool) => group!(pool, true),
+        Pool::Sqlite(pool) => group!(pool, false, read_sqlite),
+        Pool::Postgres(pool) => group!(pool, true, read_postgres),
     }
+}
+
+/// The columns of a run the writer reads (see [`state_from_row`]).
+const READ_COLUMNS: &str = "run_key, run_id, tenant, status, reason, turn, usage, final_output, last_seq, \
+                            message_count, tool_count, document_count, updated_at";
+
+/// The stored runs among `ids`, on SQLite: `IN` over the unique index on `run_id`.
+async fn read_sqlite(
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    ids: &[&Text],
+) -> Result<Vec<sqlx::sqlite::SqliteRow>, StoreError> {
+    let mut select = sqlx::QueryBuilder::new(format!("SELECT {READ_COLUMNS} FROM runs_now WHERE run_id IN ("));
+    let mut list = select.separated(", ");
+    for id in ids {
+        list.push_bind(Text::clone(id));
+    }
+    select.push(")");
+    select.build().fetch_all(&mut **tx).await.map_err(backend)
+}
+
+/// The stored runs among `ids`, on PostgreSQL: one index lookup per id. With
+/// `run_id IN (…)` the planner estimated a sequential scan of `runs` cheaper for a
+/// few hundred ids on a table of some thousands of runs, which made every group
+/// slower as the table grew (2.7 ms a read at 8,000 runs, against 0.4 ms this
+/// way); the `LIMIT` keeps the lateral subquery from being flattened into a join
+/// the planner could turn back into that scan.
+async fn read_postgres(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    ids: &[&Text],
+) -> Result<Vec<sqlx::postgres::PgRow>, StoreError> {
+    let ids: Vec<&str> = ids.iter().map(|id| &***id).collect();
+    let sql = format!(
+        "SELECT now.* FROM unnest($1::text[]) AS wanted (id) \
+         CROSS JOIN LATERAL (SELECT {READ_COLUMNS} FROM runs_now WHERE run_id = wanted.id LIMIT 1) now"
+    );
+    sqlx::query(sqlx::AssertSqlSafe(sql)).bind(ids).fetch_all(&mut **tx).await.map_err(backend)
 }
 
 /// Keeps the committed state of every run a group wrote, and forgets the runs

@@ -220,6 +220,19 @@ async fn contract(store: Arc<dyn RunStore>) {
     assert_eq!(store.events_after(run_id, 0, 10).await, Err(StoreError::NotFound(run_id)));
     assert!(store.get_run(other).await.unwrap().is_some(), "an unfinished run is kept");
     progress_is_read_back(store.as_ref(), other).await;
+
+    // Creations submitted together (one write group on the SQL stores, which do not
+    // read the runs they create): a stored run is refused, the new ones are created.
+    let stored = RunId::new();
+    store.create_run(record(stored, "initech"), vec![]).await.unwrap();
+    let fresh: Vec<RunId> = (0..8).map(|_| RunId::new()).collect();
+    let creations = fresh.iter().chain([&stored]).map(|id| store.create_run(record(*id, "initech"), vec![]));
+    let outcomes = futures::future::join_all(creations).await;
+    assert_eq!(outcomes[..8], vec![Ok(()); 8], "the new runs are created");
+    assert_eq!(outcomes[8], Err(StoreError::Exists(stored)), "alongside others, a stored run is still refused");
+    for id in &fresh {
+        assert_eq!(store.get_run(*id).await.unwrap().map(|run| run.status), Some(RunStatus::Running));
+    }
 }
 
 /// A running run's turn, usage, time and numbering as reads give them, whether its
