@@ -199,6 +199,12 @@ pub struct Runtime {
 }
 
 impl Runtime {
+    /// The tool pool, for tests that look at its queue.
+    #[cfg(test)]
+    pub(crate) fn tool_pool(&self) -> Option<ActorRef<crate::tool_pool::ToolPoolMsg>> {
+        self.shared.handles.tool_pool()
+    }
+
     /// Starts the actor tree and resumes every unfinished run in the store.
     pub async fn start(config: RuntimeConfig, deps: Deps) -> Result<Self, RuntimeError> {
         let agents = check_agents(&deps)?;

@@ -65,6 +65,9 @@ pub enum SessionMsg {
     },
     /// A tool call ended.
     ToolDone(Box<ToolResult>),
+    /// Calls run by the tool pool ended: their results wait in the inbox, and
+    /// every result there is taken at once.
+    ToolResults(Arc<ToolInbox>),
     /// A sub-run ended having spent `usage`; the caller's budget pays for it.
     SubRunSpent {
         /// What the sub-run spent.
@@ -177,6 +180,31 @@ struct ToolTurn {
     /// order once the turn's calls are all answered, whatever order they finished
     /// in, so a resumed run sees the same conversation as an uninterrupted one.
     messages: Vec<Option<Message>>,
+    /// Where the pool leaves the results of the turn's calls.
+    inbox: Arc<ToolInbox>,
+}
+
+/// Where the tool pool leaves the results of a turn's calls. Only the first
+/// result left in an empty inbox wakes the session; results that arrive before
+/// the session gets to it wait with it, and the session books them together, in
+/// one commit: calls that end at about the same time (parallel calls, a session
+/// behind a busy scheduler or a slow commit) cost one write instead of one each.
+/// Each result is still committed before the session acts on it.
+#[derive(Default)]
+pub struct ToolInbox(std::sync::Mutex<Vec<ToolResult>>);
+
+impl ToolInbox {
+    /// Leaves `result`; `true` if the inbox was empty, so the session must be woken.
+    fn put(&self, result: ToolResult) -> bool {
+        let mut results = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        results.push(result);
+        results.len() == 1
+    }
+
+    /// Takes every result waiting, in the order they arrived.
+    fn take(&self) -> Vec<ToolResult> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner))
+    }
 }
 
 impl ToolTurn {
@@ -193,6 +221,7 @@ impl ToolTurn {
             awaiting: Vec::new(),
             approved: Vec::new(),
             messages,
+            inbox: Arc::default(),
         }
     }
 }
@@ -295,7 +324,8 @@ impl Session {
             SessionMsg::ModelDone { turn, result, elapsed } => {
                 self.on_model_done(&myself, live, turn, result, elapsed).await
             }
-            SessionMsg::ToolDone(result) => self.on_tool_done(&myself, live, *result).await,
+            SessionMsg::ToolDone(result) => self.on_tools_done(&myself, live, vec![*result]).await,
+            SessionMsg::ToolResults(inbox) => self.on_tools_done(&myself, live, inbox.take()).await,
             SessionMsg::SubRunSpent { usage } => {
                 let turn = live.run.turn;
                 live.run.usage.add(&usage);
@@ -544,10 +574,13 @@ impl Session {
             self.flush(live).await?;
         }
         let pool = self.shared.handles.tool_pool();
+        let inbox = tools_mut(live).map(|tools| tools.inbox.clone()).unwrap_or_default();
         for work in jobs {
-            let session = myself.clone();
+            let (session, inbox) = (myself.clone(), inbox.clone());
             let reply = ToolReply::new(self.shared.pool.clone(), work.clone(), move |result: ToolResult| {
-                let _ = session.cast(SessionMsg::ToolDone(Box::new(result)));
+                if inbox.put(result) {
+                    let _ = session.cast(SessionMsg::ToolResults(inbox));
+                }
             });
             let job = ToolPoolMsg::Execute(Box::new(ToolJob { work, reply }));
             // Unsent, the job is dropped here and its reply answers `tool_pool_unavailable`.
@@ -701,20 +734,30 @@ impl Session {
         self.request_review(myself, live, turn, None, false).await
     }
 
-    async fn on_tool_done(
+    /// Books the results of calls that ended (those of another turn, or of a call
+    /// already answered, are dropped), then carries the turn on: the results are
+    /// committed together, with the `started` records of any calls dispatched next.
+    async fn on_tools_done(
         &self,
         myself: &ActorRef<SessionMsg>,
         live: &mut Live,
-        result: ToolResult,
+        results: Vec<ToolResult>,
     ) -> Result<(), ActorProcessingErr> {
-        let Phase::Tools(tools) = &mut live.phase else {
-            return Ok(());
-        };
-        if tools.turn != result.turn || tools.results.get(result.index).is_none_or(Option::is_some) {
+        let mut booked = false;
+        for result in results {
+            let Phase::Tools(tools) = &mut live.phase else {
+                return Ok(());
+            };
+            if tools.turn != result.turn || tools.results.get(result.index).is_none_or(Option::is_some) {
+                continue;
+            }
+            tools.in_flight = tools.in_flight.saturating_sub(1);
+            self.record_result(live, result);
+            booked = true;
+        }
+        if !booked {
             return Ok(());
         }
-        tools.in_flight = tools.in_flight.saturating_sub(1);
-        self.record_result(live, result);
         self.advance_tools(myself, live).await
     }
 

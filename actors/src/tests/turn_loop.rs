@@ -1,6 +1,15 @@
 //! The turn loop: planning, parallel tools, the reviewer on every turn, synthesis.
 
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
 use serde_json::json;
+use tokio::sync::{Notify, Semaphore};
+
+use crate::protocol::{RunEvent, RunId};
+use crate::store::{Commit, MemoryStore, RunQuery, RunRecord, RunSnapshot, RunStore, StoreError, StoreWrite};
+use crate::tool::{Tool, ToolContext, ToolError, ToolOutput};
+use crate::tool_pool::ToolPoolMsg;
 
 use crate::llm::ToolChoice;
 use crate::protocol::{EventKind, Limits, RunStatus};
@@ -254,4 +263,127 @@ async fn empty_or_repeated_call_ids_from_the_model_are_made_unique() {
     ended.sort();
     assert_eq!(ended, vec!["call_1_1".to_owned(), "call_1_2".to_owned(), "same".to_owned()]);
     assert_eq!(tool_messages(&harness.requests()[1]), vec!["a".to_owned(), "b".to_owned(), "c".to_owned()]);
+}
+
+/// `wait`: each call waits for a permit the test hands out.
+struct WaitTool(Arc<Semaphore>);
+
+#[async_trait::async_trait]
+impl Tool for WaitTool {
+    fn name(&self) -> &str {
+        "wait"
+    }
+    fn description(&self) -> &str {
+        "Waits until released."
+    }
+    fn parameters(&self) -> serde_json::Value {
+        json!({"type": "object", "properties": {"n": {"type": "integer"}}})
+    }
+    async fn call(&self, _context: ToolContext, _args: serde_json::Value) -> Result<ToolOutput, ToolError> {
+        self.0.acquire().await.map_err(|error| ToolError::failed("closed", error.to_string()))?.forget();
+        Ok(ToolOutput::value(json!("released")))
+    }
+}
+
+/// A memory store that records the tool records of every commit and holds the
+/// commit that completes `echo` until the test lets it through.
+#[derive(Default)]
+struct HoldingStore {
+    inner: MemoryStore,
+    /// `(tool, status)` of each commit's tool records, by commit.
+    commits: Mutex<Vec<Vec<(String, &'static str)>>>,
+    held: Notify,
+    release: Notify,
+}
+
+#[async_trait::async_trait]
+impl RunStore for HoldingStore {
+    async fn create_run(&self, run: RunRecord, events: Vec<RunEvent>) -> Result<(), StoreError> {
+        self.inner.create_run(run, events).await
+    }
+    async fn commit(&self, commit: &Commit) -> Result<(), StoreError> {
+        let records: Vec<(String, &'static str)> = commit
+            .writes
+            .iter()
+            .filter_map(|write| match write {
+                StoreWrite::ToolExecution(record) => Some((record.tool.clone(), record.status.as_str())),
+                _ => None,
+            })
+            .collect();
+        if records.contains(&("echo".to_owned(), "completed")) {
+            let released = self.release.notified();
+            self.held.notify_one();
+            released.await;
+        }
+        self.commits.lock().unwrap().push(records);
+        self.inner.commit(commit).await
+    }
+    async fn get_run(&self, run_id: RunId) -> Result<Option<RunRecord>, StoreError> {
+        self.inner.get_run(run_id).await
+    }
+    async fn load(&self, run_id: RunId) -> Result<Option<RunSnapshot>, StoreError> {
+        self.inner.load(run_id).await
+    }
+    async fn events_after(&self, run_id: RunId, after: u64, limit: usize) -> Result<Vec<RunEvent>, StoreError> {
+        self.inner.events_after(run_id, after, limit).await
+    }
+    async fn list_runs(&self, query: RunQuery) -> Result<Vec<RunRecord>, StoreError> {
+        self.inner.list_runs(query).await
+    }
+    async fn unfinished_runs(&self) -> Result<Vec<RunId>, StoreError> {
+        self.inner.unfinished_runs().await
+    }
+    async fn delete_finished(&self, before: chrono::DateTime<chrono::Utc>, limit: usize) -> Result<usize, StoreError> {
+        self.inner.delete_finished(before, limit).await
+    }
+}
+
+/// Calls that end while the session is busy (here: waiting for the commit of an
+/// earlier result) are booked together when it gets to them: one commit holds
+/// both results, instead of one commit each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn results_that_arrive_while_the_session_is_busy_are_committed_together() {
+    let model = ScriptedModel::per_turn(vec![
+        calls(&[("echo", json!({"text": "first"})), ("wait", json!({"n": 1})), ("wait", json!({"n": 2}))]),
+        text("done"),
+    ]);
+    let gate = Arc::new(Semaphore::new(0));
+    let store = Arc::new(HoldingStore::default());
+    let mut setup = Setup::new(model);
+    setup.store = store.clone();
+    setup.extra_tools = vec![Arc::new(WaitTool(gate.clone()))];
+    let harness = setup.start().await;
+    let run_id = harness.submit("three calls").await;
+
+    // The session waits for the commit of echo's result; both waits end meanwhile.
+    tokio::time::timeout(Duration::from_secs(60), store.held.notified()).await.expect("echo's result was committed");
+    gate.add_permits(2);
+    let pool = harness.runtime.tool_pool().expect("the tool pool runs");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (queued, busy, _) = ractor::call!(pool, |reply| ToolPoolMsg::Stats { reply }).unwrap();
+        if queued == 0 && busy == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the wait calls did not end");
+        tokio::task::yield_now().await;
+    }
+    store.release.notify_one();
+
+    let (record, _) = harness.finish(run_id).await;
+    assert_eq!(record.status, RunStatus::Succeeded);
+    let completions: Vec<Vec<(String, &str)>> = store
+        .commits
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|records| records.iter().filter(|(_, status)| *status == "completed").cloned().collect::<Vec<_>>())
+        .filter(|completed| !completed.is_empty())
+        .collect();
+    let wait = ("wait".to_owned(), "completed");
+    assert_eq!(
+        completions,
+        vec![vec![("echo".to_owned(), "completed")], vec![wait.clone(), wait]],
+        "echo's result alone, then both waits' in one commit"
+    );
 }
