@@ -379,18 +379,36 @@ impl Tool for SearchTool {
     }
 }
 
-/// A memory store that panics inside `commit` when a predicate matches, a set
-/// number of times: the caller's actor crashes mid-turn as on a real fault.
+/// A memory store that runs a hook before every commit and waits for the future
+/// it returns: a test makes a commit panic there (the caller's actor crashes
+/// mid-turn as on a real fault), looks at it, or holds it.
 pub struct FaultyStore {
     inner: MemoryStore,
-    predicate: Box<dyn Fn(&Commit) -> bool + Send + Sync>,
-    remaining: AtomicUsize,
+    before_commit: CommitHook,
 }
+
+type CommitHook = Box<dyn Fn(&Commit) -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
 
 impl FaultyStore {
     /// Panics on the first `times` commits for which `predicate` holds.
     pub fn new(times: usize, predicate: impl Fn(&Commit) -> bool + Send + Sync + 'static) -> Self {
-        Self { inner: MemoryStore::new(), predicate: Box::new(predicate), remaining: AtomicUsize::new(times) }
+        let remaining = AtomicUsize::new(times);
+        Self::before_commit(move |commit| {
+            if predicate(commit)
+                && remaining.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| left.checked_sub(1)).is_ok()
+            {
+                panic!("injected store fault");
+            }
+            Box::pin(async {})
+        })
+    }
+
+    /// Calls `hook` before each commit, and writes the commit once the future it
+    /// returns is done.
+    pub fn before_commit(
+        hook: impl Fn(&Commit) -> futures::future::BoxFuture<'static, ()> + Send + Sync + 'static,
+    ) -> Self {
+        Self { inner: MemoryStore::new(), before_commit: Box::new(hook) }
     }
 }
 
@@ -400,11 +418,7 @@ impl RunStore for FaultyStore {
         self.inner.create_run(run, events).await
     }
     async fn commit(&self, commit: &Commit) -> Result<(), StoreError> {
-        if (self.predicate)(commit)
-            && self.remaining.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| left.checked_sub(1)).is_ok()
-        {
-            panic!("injected store fault");
-        }
+        (self.before_commit)(commit).await;
         self.inner.commit(commit).await
     }
     async fn get_run(&self, run_id: RunId) -> Result<Option<RunRecord>, StoreError> {

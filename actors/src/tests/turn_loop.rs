@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use tokio::sync::{Notify, Semaphore};
 
-use crate::protocol::{RunEvent, RunId};
-use crate::store::{Commit, MemoryStore, RunQuery, RunRecord, RunSnapshot, RunStore, StoreError, StoreWrite};
+use crate::store::StoreWrite;
+use crate::testing::FaultyStore;
 use crate::tool::{Tool, ToolContext, ToolError, ToolOutput};
 use crate::tool_pool::ToolPoolMsg;
 
@@ -285,23 +285,21 @@ impl Tool for WaitTool {
     }
 }
 
-/// A memory store that records the tool records of every commit and holds the
-/// commit that completes `echo` until the test lets it through.
+/// What the test's store saw and when it holds a commit.
 #[derive(Default)]
-struct HoldingStore {
-    inner: MemoryStore,
+struct Held {
     /// `(tool, status)` of each commit's tool records, by commit.
     commits: Mutex<Vec<Vec<(String, &'static str)>>>,
+    /// Told when the commit that completes `echo` is held.
     held: Notify,
+    /// Lets that commit through.
     release: Notify,
 }
 
-#[async_trait::async_trait]
-impl RunStore for HoldingStore {
-    async fn create_run(&self, run: RunRecord, events: Vec<RunEvent>) -> Result<(), StoreError> {
-        self.inner.create_run(run, events).await
-    }
-    async fn commit(&self, commit: &Commit) -> Result<(), StoreError> {
+/// A memory store that records the tool records of every commit and holds the
+/// commit that completes `echo` until the test lets it through.
+fn holding_store(held: Arc<Held>) -> FaultyStore {
+    FaultyStore::before_commit(move |commit| {
         let records: Vec<(String, &'static str)> = commit
             .writes
             .iter()
@@ -310,32 +308,17 @@ impl RunStore for HoldingStore {
                 _ => None,
             })
             .collect();
-        if records.contains(&("echo".to_owned(), "completed")) {
-            let released = self.release.notified();
-            self.held.notify_one();
-            released.await;
-        }
-        self.commits.lock().unwrap().push(records);
-        self.inner.commit(commit).await
-    }
-    async fn get_run(&self, run_id: RunId) -> Result<Option<RunRecord>, StoreError> {
-        self.inner.get_run(run_id).await
-    }
-    async fn load(&self, run_id: RunId) -> Result<Option<RunSnapshot>, StoreError> {
-        self.inner.load(run_id).await
-    }
-    async fn events_after(&self, run_id: RunId, after: u64, limit: usize) -> Result<Vec<RunEvent>, StoreError> {
-        self.inner.events_after(run_id, after, limit).await
-    }
-    async fn list_runs(&self, query: RunQuery) -> Result<Vec<RunRecord>, StoreError> {
-        self.inner.list_runs(query).await
-    }
-    async fn unfinished_runs(&self) -> Result<Vec<RunId>, StoreError> {
-        self.inner.unfinished_runs().await
-    }
-    async fn delete_finished(&self, before: chrono::DateTime<chrono::Utc>, limit: usize) -> Result<usize, StoreError> {
-        self.inner.delete_finished(before, limit).await
-    }
+        let hold = records.contains(&("echo".to_owned(), "completed"));
+        held.commits.lock().unwrap().push(records);
+        let held = held.clone();
+        Box::pin(async move {
+            if hold {
+                let released = held.release.notified();
+                held.held.notify_one();
+                released.await;
+            }
+        })
+    })
 }
 
 /// Calls that end while the session is busy (here: waiting for the commit of an
@@ -348,9 +331,9 @@ async fn results_that_arrive_while_the_session_is_busy_are_committed_together() 
         text("done"),
     ]);
     let gate = Arc::new(Semaphore::new(0));
-    let store = Arc::new(HoldingStore::default());
+    let store = Arc::new(Held::default());
     let mut setup = Setup::new(model);
-    setup.store = store.clone();
+    setup.store = Arc::new(holding_store(store.clone()));
     setup.extra_tools = vec![Arc::new(WaitTool(gate.clone()))];
     let harness = setup.start().await;
     let run_id = harness.submit("three calls").await;
