@@ -277,7 +277,12 @@ impl Actor for Session {
         state: &mut SessionState,
     ) -> Result<(), ActorProcessingErr> {
         let span = state.span.clone();
-        self.dispatch(myself, message, state).instrument(span).await
+        // Boxed: the actor's task is sized for the largest state of the future it
+        // awaits, and every live session keeps that task while it waits for its
+        // next message. Inline, the handlers' futures made it 7.8 KiB; boxed, it
+        // is 2.6 KiB, and the handler's future exists only while a message is
+        // handled (one allocation per message, no measurable CPU).
+        Box::pin(self.dispatch(myself, message, state)).instrument(span).await
     }
 
     async fn handle_supervisor_evt(
