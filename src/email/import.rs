@@ -176,13 +176,25 @@ fn relative_date(now: DateTime<Local>, offset: i64, time: Option<&str>) -> Resul
         return Ok(date);
     }
     // Mail from later today has not arrived yet: it is pulled back to just before
-    // now (by a hundredth of its distance to the end of the day, so at most 15
-    // minutes), keeping its order among today's emails and its day.
-    let end_of_day = Local
-        .from_local_datetime(&(now.with_timezone(&Local).date_naive() + Duration::days(1)).and_time(NaiveTime::MIN))
-        .earliest()
-        .map_or(now + Duration::days(1), |end| end.with_timezone(&Utc));
-    Ok(now - (end_of_day.max(date) - date) / 100 - Duration::seconds(1))
+    // now, by a hundredth of its distance to the end of the day (so at most 15
+    // minutes), keeping its order among today's emails; and by less just after
+    // midnight, so that it keeps its day too.
+    let local_day = |offset: i64| {
+        Local
+            .from_local_datetime(
+                &(now.with_timezone(&Local).date_naive() + Duration::days(offset)).and_time(NaiveTime::MIN),
+            )
+            .earliest()
+            .map(|midnight| midnight.with_timezone(&Utc))
+    };
+    let end_of_day = local_day(1).unwrap_or(now + Duration::days(1)).max(date);
+    let start_of_day = local_day(0).unwrap_or(now - Duration::days(1)).min(now);
+    let nanos = |span: Duration| i128::from(span.num_nanoseconds().unwrap_or(i64::MAX));
+    let (distance, room, widest) = (nanos(end_of_day - date), nanos(now - start_of_day), nanos(end_of_day - now));
+    // The widest distance (mail due just after now) is pulled back by at most half
+    // the time since midnight.
+    let pull = (distance / 100).min(room * distance / (2 * widest).max(1));
+    Ok(now - Duration::nanoseconds(i64::try_from(pull).unwrap_or(0)))
 }
 
 /// An id for an email that has none: a hash of what identifies it.
@@ -323,6 +335,12 @@ mod tests {
             "mail from later today arrived just now"
         );
         assert_eq!(evening.with_timezone(&Local).date_naive(), now().date_naive());
+        // Just after midnight, mail due later that day stays on that day, in order.
+        let midnight = Local.with_ymd_and_hms(2025, 5, 14, 0, 5, 0).unwrap();
+        let due = |time: &str| relative_date(midnight, 0, Some(time)).unwrap();
+        let (morning, noon, night) = (due("09:00"), due("12:00"), due("23:59"));
+        assert!(morning < noon && noon < night && night < midnight, "{morning} {noon} {night}");
+        assert_eq!(morning.with_timezone(&Local).date_naive(), midnight.date_naive(), "{morning}");
         let error = parse(r#"[{"from": "a"}]"#, now()).unwrap_err().to_string();
         assert_eq!(error, "email 0: needs a date or a day_offset");
         assert!(matches!(parse("hello", now()), Err(ImportError::UnknownFormat)));
