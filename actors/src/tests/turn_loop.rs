@@ -6,15 +6,13 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use tokio::sync::{Notify, Semaphore};
 
-use crate::store::StoreWrite;
-use crate::testing::FaultyStore;
-use crate::tool::{Tool, ToolContext, ToolError, ToolOutput};
-use crate::tool_pool::ToolPoolMsg;
-
 use crate::llm::ToolChoice;
 use crate::protocol::{EventKind, Limits, RunStatus};
-use crate::testing::{ScriptedModel, calls, text, todo};
+use crate::store::StoreWrite;
+use crate::testing::{FaultyStore, ScriptedModel, calls, text, todo};
 use crate::tests::{Setup, count, kinds, offered, tool_messages, turns_and_reviews};
+use crate::tool::{Tool, ToolContext, ToolError, ToolOutput};
+use crate::tool_pool::ToolPoolMsg;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_planned_run_calls_two_tools_in_parallel_and_answers() {
