@@ -17,11 +17,10 @@
 use chrono::Utc;
 use sqlx::Arguments;
 use tokio::sync::{mpsc, oneshot};
+use troupe_actors::protocol::RunId;
 use troupe_actors::store::StoreError;
 
 use crate::store::encode::stamp;
-use troupe_actors::protocol::RunId;
-
 use crate::store::group::{EventRow, Fixed, GroupWrite, Job, Map, Progress, RunState, Slot, Text, plan};
 use crate::store::{Columns, Pool, TERMINAL, backend};
 
@@ -29,8 +28,8 @@ use crate::store::{Columns, Pool, TERMINAL, backend};
 /// 256 cost less CPU per commit than groups of 1,024 (1 – 7 µs a turn less in
 /// paired runs of the durability bench): the commits of a group are answered
 /// together, and the sessions they wake then run with less of their state pushed
-/// out of the CPU's caches. On PostgreSQL, where each group also pays a round trip per statement
-/// and an fsync, smaller groups were no better.
+/// out of the CPU's caches. On PostgreSQL, where each group also pays a round
+/// trip per statement and an fsync, smaller groups were no better.
 const MAX_GROUP_SQLITE: usize = 256;
 const MAX_GROUP_POSTGRES: usize = 1024;
 
@@ -461,14 +460,14 @@ async fn write_group(
     // Runs this group creates: there is nothing to read for them, nor for their
     // commits that follow in the group. (A run created twice fails its insert;
     // see `refused`.)
-    let mut created: Map<RunId, ()> = Map::default();
+    let mut created: std::collections::HashSet<RunId, foldhash::fast::RandomState> = Default::default();
     let mut ids: Vec<&Text> = Vec::new();
     for job in jobs {
         let run_id = job.run_id();
         if let Job::Create { .. } = job {
-            created.insert(run_id, ());
+            created.insert(run_id);
         }
-        if runs.contains_key(&run_id) || created.contains_key(&run_id) {
+        if runs.contains_key(&run_id) || created.contains(&run_id) {
             continue;
         }
         // Taken out of the cache: `remember` puts back what the group committed
