@@ -5,10 +5,14 @@
 //! offloaded task and tool calls run in the pool; both report back as messages.
 //!
 //! Its state is a cache of the store. Commit points: the model's reply (with the
-//! `started` state of the calls it asks for) commits before any call runs; each
-//! tool result commits as it arrives; the review and `turn_end` commit with the
-//! next turn's start. A session restarted after a crash rebuilds itself from the
-//! store (see `resume.rs`). Events are published only after their commit.
+//! `started` state of the calls it asks for) commits before any call runs; tool
+//! results commit as they arrive while other calls of the turn still run; the
+//! review and `turn_end` commit with the next turn's start (or the run's end).
+//! What ends a turn (its last results, or a reply without calls) commits before
+//! the review is asked if the review takes a model call, and with the review if
+//! it is the rule-based one, which the reviewer computes in microseconds
+//! ([`review_is_instant`]). A session restarted after a crash rebuilds itself
+//! from the store (see `resume.rs`). Events are published only after their commit.
 
 mod prompt;
 mod resume;
@@ -25,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, Span, info, info_span, warn};
 
 use crate::approvals::{self, RunLabels, ToolTraits};
-use crate::config::AgentConfig;
+use crate::config::{AgentConfig, ReviewerKind};
 use crate::hooks::RunLedger;
 use crate::llm::{Message, ModelChunk, ModelClient, ModelDelta, ModelError, ModelReply, Role};
 use crate::metrics;
@@ -469,7 +473,6 @@ impl Session {
             Message { role: Role::Assistant, content: reply.content, tool_calls: calls.clone(), tool_call_id: None };
         self.append_message(live, turn, message.clone());
         if calls.is_empty() {
-            self.flush(live).await?;
             return self.request_review(myself, live, turn, Some(message.content), synthesis).await;
         }
         live.outbox.emit(EventKind::ToolRequests { turn, calls: calls.clone() });
@@ -561,7 +564,16 @@ impl Session {
                 }
             }
         }
-        self.flush(live).await?;
+        // The `started` records of the calls about to run commit before any is
+        // sent, and results booked while other calls still run commit now. Once
+        // every call has ended, `maybe_end_tools` commits the turn: as it parks,
+        // or through `request_review`.
+        let settled = jobs.is_empty()
+            && sub_run_calls.is_empty()
+            && matches!(&live.phase, Phase::Tools(tools) if tools.next >= tools.calls.len() && tools.in_flight == 0);
+        if !settled {
+            self.flush(live).await?;
+        }
         // Their `started` records are committed: the sub-runs may be created.
         let mut refused = false;
         for work in sub_run_calls {
@@ -1047,7 +1059,12 @@ impl Session {
         final_answer: Option<String>,
         synthesis: bool,
     ) -> Result<(), ActorProcessingErr> {
-        self.flush(live).await?;
+        // What ended the turn commits before a review that takes a model call, and
+        // with an instant one (in `on_reviewed`, with the next turn's start or the
+        // run's end): nothing acts on it in between but the reviewer.
+        if !review_is_instant(live) {
+            self.flush(live).await?;
+        }
         let calls = match &live.phase {
             Phase::Tools(tools) => tools.results.iter().flatten().cloned().collect(),
             _ => Vec::new(),
@@ -1244,6 +1261,14 @@ impl Drop for AbortOnDrop {
 }
 
 /// The tool calls of the current turn, while it has them.
+/// Whether the run's review is the rule-based one: the reviewer computes it in
+/// microseconds, in this process, so what ends a turn can wait for it and commit
+/// with it (one commit a turn fewer). A model-backed review takes a model call;
+/// the turn commits before it is asked.
+fn review_is_instant(live: &Live) -> bool {
+    matches!(live.agent.reviewer, ReviewerKind::RuleBased)
+}
+
 fn tools_mut(live: &mut Live) -> Option<&mut ToolTurn> {
     match &mut live.phase {
         Phase::Tools(tools) | Phase::WaitingInput(tools) => Some(tools),

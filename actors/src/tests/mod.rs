@@ -14,7 +14,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 
-use crate::config::{AgentConfig, RuntimeConfig};
+use crate::config::{AgentConfig, ReviewerKind, RuntimeConfig};
 use crate::hooks::ToolHook;
 use crate::llm::{ChatRequest, ModelRegistry};
 use crate::protocol::{EventKind, Limits, RunEvent, RunId};
@@ -41,6 +41,8 @@ struct Setup {
     hooks: Vec<Arc<dyn ToolHook>>,
     /// The agent's tools; all registered ones when `None`.
     agent_tools: Option<Vec<String>>,
+    /// The agent's reviewer.
+    reviewer: ReviewerKind,
 }
 
 impl Setup {
@@ -53,6 +55,7 @@ impl Setup {
             extra_tools: Vec::new(),
             hooks: Vec::new(),
             agent_tools: None,
+            reviewer: ReviewerKind::RuleBased,
         }
     }
 
@@ -76,6 +79,7 @@ impl Setup {
         let tools = self.agent_tools.unwrap_or_else(|| registry.names());
         let mut agent = AgentConfig::new(AGENT, "You are a test agent.", tools);
         agent.limits = self.limits;
+        agent.reviewer = self.reviewer;
         let model = Arc::new(self.model);
         let deps = Deps {
             store: self.store,

@@ -6,8 +6,10 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use tokio::sync::{Notify, Semaphore};
 
+use crate::config::ReviewerKind;
+use crate::llm::Role;
 use crate::llm::ToolChoice;
-use crate::protocol::{EventKind, Limits, RunStatus};
+use crate::protocol::{CallStatus, EventKind, Limits, ReviewStatus, RunStatus};
 use crate::store::StoreWrite;
 use crate::testing::{FaultyStore, ScriptedModel, calls, text, todo};
 use crate::tests::{Setup, count, kinds, offered, tool_messages, turns_and_reviews};
@@ -367,4 +369,97 @@ async fn results_that_arrive_while_the_session_is_busy_are_committed_together() 
         vec![vec![("echo".to_owned(), "completed")], vec![wait.clone(), wait]],
         "echo's result alone, then both waits' in one commit"
     );
+}
+
+/// What one commit held: the tools whose calls it completed, whether it wrote
+/// the assistant's reply, and its events' kinds in order.
+#[derive(Debug)]
+struct Written {
+    completed: Vec<String>,
+    reply: bool,
+    events: Vec<&'static str>,
+}
+
+impl Written {
+    fn has(&self, kind: &str) -> bool {
+        self.events.contains(&kind)
+    }
+}
+
+/// The commits of a run that calls `echo` once, then answers, with `reviewer` as
+/// its agent's reviewer; and the status of its first review.
+async fn commits_of_one_call_and_an_answer(reviewer: ReviewerKind) -> (Vec<Written>, ReviewStatus) {
+    let written = Arc::new(Mutex::new(Vec::new()));
+    let seen = written.clone();
+    let store = FaultyStore::before_commit(move |commit| {
+        let completed = commit
+            .writes
+            .iter()
+            .filter_map(|write| match write {
+                StoreWrite::ToolExecution(record) if record.status == CallStatus::Completed => {
+                    Some(record.tool.clone())
+                }
+                _ => None,
+            })
+            .collect();
+        let reply = commit.writes.iter().any(|write| {
+            matches!(write, StoreWrite::Message(stored) if stored.message.role == Role::Assistant
+                && stored.message.tool_calls.is_empty())
+        });
+        let events = commit.events.iter().map(|event| event.kind.name()).collect();
+        seen.lock().unwrap().push(Written { completed, reply, events });
+        Box::pin(async {})
+    });
+    let mut setup = Setup::new(ScriptedModel::per_turn(vec![calls(&[("echo", json!({"text": "a"}))]), text("done")]));
+    setup.store = Arc::new(store);
+    setup.reviewer = reviewer;
+    let harness = setup.start().await;
+    let (record, events) = harness.run("one call, then an answer").await;
+    assert_eq!(record.status, RunStatus::Succeeded);
+    assert_eq!(record.final_output.as_deref(), Some("done"));
+    let first_review = events
+        .iter()
+        .find_map(|event| match &event.kind {
+            EventKind::Review { turn: 1, review } => Some(review.status),
+            _ => None,
+        })
+        .expect("turn 1 was reviewed");
+    let written = std::mem::take(&mut *written.lock().unwrap());
+    (written, first_review)
+}
+
+/// With the rule-based reviewer (computed in microseconds, in process), what ends
+/// a turn commits with its review: the last result with the review, the turn's
+/// end and the next turn's start; the answer with its review and the run's end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_ends_in_one_commit_with_its_rule_based_review() {
+    let (commits, status) = commits_of_one_call_and_an_answer(ReviewerKind::RuleBased).await;
+    assert_eq!(status, ReviewStatus::Ok);
+    let result = commits.iter().find(|commit| commit.completed == ["echo"]).expect("echo's result was committed");
+    assert_eq!(
+        result.events,
+        ["tool_call_end", "reasoning_step", "tool_metric", "review", "turn_end", "turn_start"],
+        "{commits:?}"
+    );
+    let answer = commits.iter().find(|commit| commit.reply).expect("the answer was committed");
+    for kind in ["review", "turn_end", "final_output", "run_end"] {
+        assert!(answer.has(kind), "the answer's commit holds {kind}: {commits:?}");
+    }
+}
+
+/// A model-backed review takes a model call: what ends the turn commits before
+/// the review is asked, so a crash meanwhile loses no result and no reply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_commits_before_a_model_backed_review_is_asked() {
+    // A model the registry lacks: the review falls back to the rules, marked degraded.
+    let reviewer = ReviewerKind::Model { model: Some("no-such-model".to_owned()) };
+    let (commits, status) = commits_of_one_call_and_an_answer(reviewer).await;
+    assert_eq!(status, ReviewStatus::Degraded);
+    let result = commits.iter().position(|commit| commit.completed == ["echo"]).expect("echo's result was committed");
+    assert!(!commits[result].has("review"), "{commits:?}");
+    let answer = commits.iter().position(|commit| commit.reply).expect("the answer was committed");
+    assert!(!commits[answer].has("review"), "{commits:?}");
+    let reviews: Vec<usize> = (0..commits.len()).filter(|index| commits[*index].has("review")).collect();
+    assert_eq!(reviews.len(), 2, "{commits:?}");
+    assert!(result < reviews[0] && answer < reviews[1], "{commits:?}");
 }
