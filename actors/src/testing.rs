@@ -29,6 +29,43 @@ pub enum Step {
     Hang,
     /// Panic inside the model client.
     Panic,
+    /// Stream `deltas` one by one, then the reply. With `hold`: wait for a permit
+    /// of `hold.resume` before the second delta; once every delta was taken (the
+    /// stream is polled past the last one), tell `hold.streamed` and wait for a
+    /// permit of `hold.finish` before the reply.
+    Streamed {
+        /// The pieces, in order.
+        deltas: Vec<ModelDelta>,
+        /// The reply that ends the stream.
+        reply: ModelReply,
+        /// Where the stream stops before its reply.
+        hold: Option<Arc<StreamHold>>,
+    },
+}
+
+/// Where a [`Step::Streamed`] stream waits before its reply.
+#[derive(Debug)]
+pub struct StreamHold {
+    /// The deltas after the first come after a permit is added here.
+    pub resume: tokio::sync::Semaphore,
+    /// Told once every delta was taken.
+    pub streamed: tokio::sync::Notify,
+    /// The reply comes after a permit is added here.
+    pub finish: tokio::sync::Semaphore,
+}
+
+impl Default for StreamHold {
+    fn default() -> Self {
+        let (resume, finish) = (tokio::sync::Semaphore::new(0), tokio::sync::Semaphore::new(0));
+        Self { resume, streamed: tokio::sync::Notify::new(), finish }
+    }
+}
+
+/// Takes one permit of `semaphore` for good (none if it was closed).
+async fn take_permit(semaphore: &tokio::sync::Semaphore) {
+    if let Ok(permit) = semaphore.acquire().await {
+        permit.forget();
+    }
 }
 
 /// A reply with text only (a final answer).
@@ -159,6 +196,24 @@ impl ModelClient for ScriptedModel {
             }
             Step::Fail(error) => Err(error),
             Step::Hang => Ok(Box::pin(stream::pending())),
+            Step::Streamed { deltas, reply, hold } => {
+                let start = (0, deltas.into_iter(), Some(reply), hold);
+                let chunks = stream::unfold(start, |(index, mut deltas, reply, hold)| async move {
+                    if let Some(delta) = deltas.next() {
+                        if let (1, Some(hold)) = (index, &hold) {
+                            take_permit(&hold.resume).await;
+                        }
+                        return Some((Ok(ModelChunk::Delta(delta)), (index + 1, deltas, reply, hold)));
+                    }
+                    let reply = reply?;
+                    if let Some(hold) = &hold {
+                        hold.streamed.notify_one();
+                        take_permit(&hold.finish).await;
+                    }
+                    Some((Ok(ModelChunk::Done(reply)), (index, deltas, None, hold)))
+                });
+                Ok(Box::pin(chunks))
+            }
             Step::Panic => panic!("injected model client panic"),
         }
     }

@@ -51,12 +51,13 @@ pub use sub_runs::{LIST_AGENTS, RUN_AGENT};
 pub enum SessionMsg {
     /// Load the run from the store and carry on from its last commit (sent to itself).
     Load,
-    /// Streamed pieces of the model's reply.
-    ModelDelta {
+    /// Streamed pieces of the model's reply wait in the inbox; every piece there
+    /// is taken at once.
+    ModelDeltas {
         /// The turn they belong to.
         turn: u32,
-        /// The piece.
-        delta: ModelDelta,
+        /// Where the model call leaves them.
+        inbox: Arc<DeltaInbox>,
     },
     /// The model call ended.
     ModelDone {
@@ -194,19 +195,34 @@ struct ToolTurn {
 /// one commit: calls that end at about the same time (parallel calls, a session
 /// behind a busy scheduler or a slow commit) cost one write instead of one each.
 /// Each result is still committed before the session acts on it.
-#[derive(Default)]
-pub struct ToolInbox(std::sync::Mutex<Vec<ToolResult>>);
+pub type ToolInbox = Inbox<ToolResult>;
 
-impl ToolInbox {
-    /// Leaves `result`; `true` if the inbox was empty, so the session must be woken.
-    fn put(&self, result: ToolResult) -> bool {
-        let mut results = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        results.push(result);
-        results.len() == 1
+/// Where a model call leaves the pieces of its reply as they stream in; as with
+/// [`ToolInbox`], pieces that arrive while the session is busy (committing the
+/// earlier ones) are committed together: a reply streamed in many small chunks
+/// costs a commit per batch the session takes, not one per chunk.
+pub type DeltaInbox = Inbox<ModelDelta>;
+
+/// Items handed to a session from another task. Only the first item left in an
+/// empty inbox wakes the session; it takes every item waiting when it gets to it.
+pub struct Inbox<T>(std::sync::Mutex<Vec<T>>);
+
+impl<T> Default for Inbox<T> {
+    fn default() -> Self {
+        Self(std::sync::Mutex::new(Vec::new()))
+    }
+}
+
+impl<T> Inbox<T> {
+    /// Leaves `item`; `true` if the inbox was empty, so the session must be woken.
+    fn put(&self, item: T) -> bool {
+        let mut items = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        items.push(item);
+        items.len() == 1
     }
 
-    /// Takes every result waiting, in the order they arrived.
-    fn take(&self) -> Vec<ToolResult> {
+    /// Takes every item waiting, in the order they arrived.
+    fn take(&self) -> Vec<T> {
         std::mem::take(&mut *self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner))
     }
 }
@@ -329,7 +345,7 @@ impl Session {
         }
         match message {
             SessionMsg::Load => Ok(()),
-            SessionMsg::ModelDelta { turn, delta } => self.on_delta(live, turn, delta).await,
+            SessionMsg::ModelDeltas { turn, inbox } => self.on_deltas(live, turn, inbox.take()).await,
             SessionMsg::ModelDone { turn, result, elapsed } => {
                 self.on_model_done(&myself, live, turn, result, elapsed).await
             }
@@ -421,15 +437,15 @@ impl Session {
         live.phase = Phase::Model { turn, synthesis };
     }
 
-    async fn on_delta(&self, live: &mut Live, turn: u32, delta: ModelDelta) -> Result<(), ActorProcessingErr> {
+    /// Commits the pieces of the reply that were waiting, adjacent pieces of the
+    /// same kind (text, reasoning) joined into one `assistant_delta`.
+    async fn on_deltas(&self, live: &mut Live, turn: u32, deltas: Vec<ModelDelta>) -> Result<(), ActorProcessingErr> {
         if !matches!(live.phase, Phase::Model { turn: current, .. } if current == turn) {
             return Ok(());
         }
-        let (text, reasoning) = match delta {
-            ModelDelta::Text(text) => (text, false),
-            ModelDelta::Reasoning(text) => (text, true),
-        };
-        live.outbox.emit(EventKind::AssistantDelta { turn, text, reasoning });
+        for (text, reasoning) in join_deltas(deltas) {
+            live.outbox.emit(EventKind::AssistantDelta { turn, text, reasoning });
+        }
         self.flush(live).await?;
         Ok(())
     }
@@ -1323,6 +1339,22 @@ fn over_budget(limits: &Limits, usage: &Usage) -> Option<String> {
 }
 
 /// Reads a model stream to its end, forwarding deltas to the session.
+/// `deltas` as `(text, reasoning)`, adjacent pieces of the same kind joined.
+fn join_deltas(deltas: Vec<ModelDelta>) -> Vec<(String, bool)> {
+    let mut joined: Vec<(String, bool)> = Vec::new();
+    for delta in deltas {
+        let (text, reasoning) = match delta {
+            ModelDelta::Text(text) => (text, false),
+            ModelDelta::Reasoning(text) => (text, true),
+        };
+        match joined.last_mut() {
+            Some((last, kind)) if *kind == reasoning => last.push_str(&text),
+            _ => joined.push((text, reasoning)),
+        }
+    }
+    joined
+}
+
 async fn stream_reply(
     model: &dyn ModelClient,
     request: crate::llm::ChatRequest,
@@ -1330,13 +1362,38 @@ async fn stream_reply(
     turn: u32,
 ) -> Result<ModelReply, ModelError> {
     let mut stream = model.chat(request).await?;
+    let inbox = Arc::new(DeltaInbox::default());
     while let Some(chunk) = stream.next().await {
         match chunk? {
             ModelChunk::Delta(delta) => {
-                let _ = session.cast(SessionMsg::ModelDelta { turn, delta });
+                if inbox.put(delta) {
+                    let _ = session.cast(SessionMsg::ModelDeltas { turn, inbox: inbox.clone() });
+                }
             }
             ModelChunk::Done(reply) => return Ok(reply),
         }
     }
     Err(ModelError::Incomplete)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn adjacent_deltas_of_one_kind_are_joined_and_kinds_keep_their_order() {
+        let deltas = vec![
+            ModelDelta::Reasoning("think".to_owned()),
+            ModelDelta::Reasoning("ing".to_owned()),
+            ModelDelta::Text("An".to_owned()),
+            ModelDelta::Reasoning("more".to_owned()),
+            ModelDelta::Text("swer".to_owned()),
+            ModelDelta::Text("".to_owned()),
+            ModelDelta::Text(" ✓".to_owned()),
+        ];
+        let joined = join_deltas(deltas);
+        let expected = [("thinking", true), ("An", false), ("more", true), ("swer ✓", false)];
+        assert_eq!(joined, expected.map(|(text, reasoning)| (text.to_owned(), reasoning)));
+        assert!(join_deltas(Vec::new()).is_empty());
+    }
 }

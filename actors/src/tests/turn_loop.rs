@@ -7,11 +7,11 @@ use serde_json::json;
 use tokio::sync::{Notify, Semaphore};
 
 use crate::config::ReviewerKind;
-use crate::llm::Role;
 use crate::llm::ToolChoice;
+use crate::llm::{ModelDelta, ModelReply, Role};
 use crate::protocol::{CallStatus, EventKind, Limits, ReviewStatus, RunStatus};
 use crate::store::StoreWrite;
-use crate::testing::{FaultyStore, ScriptedModel, calls, text, todo};
+use crate::testing::{FaultyStore, ScriptedModel, Step, StreamHold, calls, text, todo};
 use crate::tests::{Setup, count, kinds, offered, tool_messages, turns_and_reviews};
 use crate::tool::{Tool, ToolContext, ToolError, ToolOutput};
 use crate::tool_pool::ToolPoolMsg;
@@ -462,4 +462,70 @@ async fn a_turn_commits_before_a_model_backed_review_is_asked() {
     let reviews: Vec<usize> = (0..commits.len()).filter(|index| commits[*index].has("review")).collect();
     assert_eq!(reviews.len(), 2, "{commits:?}");
     assert!(result < reviews[0] && answer < reviews[1], "{commits:?}");
+}
+
+/// Pieces of a reply that stream in while the session commits earlier ones wait
+/// and are committed together, adjacent text joined into one `assistant_delta`:
+/// a reply streamed in many chunks costs a commit per batch, not one per chunk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deltas_that_stream_in_during_a_commit_are_committed_together() {
+    let hold = Arc::new(StreamHold::default());
+    let deltas = ["Hel", "lo", ", wor", "ld"].map(|piece| ModelDelta::Text(piece.to_owned())).to_vec();
+    let reply = ModelReply { content: "Hello, world".to_owned(), ..Default::default() };
+    let model = ScriptedModel::per_turn(vec![Step::Streamed { deltas, reply, hold: Some(hold.clone()) }]);
+    // The texts of each commit's deltas; the first such commit is held.
+    let committed: Arc<Mutex<Vec<Vec<String>>>> = Arc::default();
+    let (held, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let store = {
+        let (committed, held, release) = (committed.clone(), held.clone(), release.clone());
+        FaultyStore::before_commit(move |commit| {
+            let texts: Vec<String> = commit
+                .events
+                .iter()
+                .filter_map(|event| match &event.kind {
+                    EventKind::AssistantDelta { text, .. } => Some(text.clone()),
+                    _ => None,
+                })
+                .collect();
+            let mut committed = committed.lock().unwrap();
+            let first = !texts.is_empty() && committed.is_empty();
+            if !texts.is_empty() {
+                committed.push(texts);
+            }
+            let (held, release) = (held.clone(), release.clone());
+            Box::pin(async move {
+                if first {
+                    let released = release.notified();
+                    held.notify_one();
+                    released.await;
+                }
+            })
+        })
+    };
+    let mut setup = Setup::new(model);
+    setup.store = Arc::new(store);
+    let harness = setup.start().await;
+    let run_id = harness.submit("say hello").await;
+
+    let within = Duration::from_secs(60);
+    // The session commits the first piece; the others stream in meanwhile.
+    tokio::time::timeout(within, held.notified()).await.expect("the first delta's commit");
+    hold.resume.add_permits(1);
+    tokio::time::timeout(within, hold.streamed.notified()).await.expect("the model streamed every delta");
+    release.notify_one();
+    hold.finish.add_permits(1);
+
+    let (record, events) = harness.finish(run_id).await;
+    assert_eq!(record.status, RunStatus::Succeeded);
+    assert_eq!(record.final_output.as_deref(), Some("Hello, world"));
+    let expected = vec![vec!["Hel".to_owned()], vec!["lo, world".to_owned()]];
+    assert_eq!(*committed.lock().unwrap(), expected, "the first piece alone, then the three that waited, joined");
+    let streamed: Vec<&str> = events
+        .iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::AssistantDelta { text, reasoning: false, .. } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(streamed, ["Hel", "lo, world"]);
 }
