@@ -1362,10 +1362,12 @@ async fn stream_reply(
     turn: u32,
 ) -> Result<ModelReply, ModelError> {
     let mut stream = model.chat(request).await?;
-    let inbox = Arc::new(DeltaInbox::default());
+    // Made at the first piece: a call that streams none (or has not yet) holds none.
+    let mut inbox: Option<Arc<DeltaInbox>> = None;
     while let Some(chunk) = stream.next().await {
         match chunk? {
             ModelChunk::Delta(delta) => {
+                let inbox = inbox.get_or_insert_default();
                 if inbox.put(delta) {
                     let _ = session.cast(SessionMsg::ModelDeltas { turn, inbox: inbox.clone() });
                 }
