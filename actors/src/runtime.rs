@@ -418,7 +418,10 @@ impl Runtime {
         }
     }
 
-    async fn session(&self, run_id: RunId) -> Result<Option<ActorRef<SessionMsg>>, ractor::RactorErr<SupervisorMsg>> {
+    pub(crate) async fn session(
+        &self,
+        run_id: RunId,
+    ) -> Result<Option<ActorRef<SessionMsg>>, ractor::RactorErr<SupervisorMsg>> {
         ractor::call!(self.supervisor, |reply| SupervisorMsg::Session { run_id, reply })
     }
 

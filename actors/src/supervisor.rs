@@ -154,9 +154,13 @@ impl Actor for Supervisor {
 
     async fn post_stop(
         &self,
-        _myself: ActorRef<SupervisorMsg>,
+        myself: ActorRef<SupervisorMsg>,
         _state: &mut SupervisorState,
     ) -> Result<(), ActorProcessingErr> {
+        // Children left running would be killed once this returns; stopped, each
+        // session first commits what it holds (`Session::post_stop`). Runtime::shutdown
+        // bounds the wait, and kills the tree past its deadline.
+        myself.stop_children_and_wait(Some("shutdown".to_owned()), None).await;
         self.shared.handles.set_tool_pool(None);
         self.shared.handles.set_reviewer(None);
         Ok(())

@@ -305,6 +305,23 @@ impl Actor for Session {
         Box::pin(self.dispatch(myself, message, state)).instrument(span).await
     }
 
+    /// A session stopped (not killed, not crashed: then this is not called)
+    /// commits what its outbox still holds: between messages that is whole
+    /// commits' worth, such as a turn's last results waiting for an instant
+    /// review, which a shutdown would otherwise lose.
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<SessionMsg>,
+        state: &mut SessionState,
+    ) -> Result<(), ActorProcessingErr> {
+        if let Some(live) = state.live.as_mut()
+            && let Err(error) = self.flush(live).await
+        {
+            warn!(run_id = %state.run_id, %error, "could not commit what the stopped session held");
+        }
+        Ok(())
+    }
+
     async fn handle_supervisor_evt(
         &self,
         myself: ActorRef<SessionMsg>,
@@ -1041,8 +1058,10 @@ impl Session {
             self.record_result(live, result);
         }
         // The decision commits with what it lets run (the `started` record); the
-        // client hears back once it is durable.
+        // client hears back once it is durable, also when it ends the turn (whose
+        // commit would otherwise wait for an instant review).
         self.advance_tools(myself, live).await?;
+        self.flush(live).await?;
         let _ = reply.send(Ok(()));
         Ok(())
     }

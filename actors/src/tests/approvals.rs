@@ -72,6 +72,42 @@ async fn a_rejected_call_never_runs_and_the_model_is_told_why() {
     assert!(told[0].contains("rejected") && told[0].contains("over budget this month"), "{told:?}");
 }
 
+/// A rejection that ends the turn is durable when the client hears back, though
+/// the turn's next commit (its review, with the next turn's start) is held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejection_that_ends_the_turn_is_committed_before_the_client_hears_back() {
+    let release = Arc::new(tokio::sync::Notify::new());
+    let store = {
+        let release = release.clone();
+        crate::testing::FaultyStore::before_commit(move |commit| {
+            let next_turn = commit.events.iter().any(|event| matches!(event.kind, EventKind::TurnStart { turn: 2 }));
+            let release = release.clone();
+            Box::pin(async move {
+                if next_turn {
+                    release.notified().await;
+                }
+            })
+        })
+    };
+    let store: Arc<dyn RunStore> = Arc::new(store);
+    let (harness, gate) = gated(pay_then_answer(), Some(store.clone())).await;
+    let run_id = harness.submit("pay invoice 7").await;
+    let mut events = harness.runtime.subscribe(run_id, 0);
+    wait_for(&mut events, |kind| matches!(kind, EventKind::WaitingInput { .. })).await;
+
+    harness.runtime.input(run_id, approval(false, Some("not this one"))).await.unwrap();
+    assert_eq!(store.get_run(run_id).await.unwrap().unwrap().status, RunStatus::Running);
+    let stored = store.events_after(run_id, 0, 1_000).await.unwrap();
+    assert!(stored.iter().any(|e| matches!(e.kind, EventKind::ApprovalDecided { approved: false, .. })));
+    let snapshot = store.load(run_id).await.unwrap().unwrap();
+    assert_eq!(snapshot.tool_executions.iter().map(|record| record.status).collect::<Vec<_>>(), [CallStatus::Skipped]);
+
+    release.notify_one();
+    let (record, _) = harness.finish(run_id).await;
+    assert_eq!(record.status, RunStatus::Succeeded);
+    assert!(gate.ledger.lines.lock().unwrap().is_empty());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_seed_rule_sends_side_effects_of_a_complaint_to_a_human() {
     let script = |label: &str, confidence: f64| {

@@ -131,3 +131,37 @@ async fn a_parked_run_survives_a_restart_of_the_runtime() {
     assert_eq!(events.iter().filter(|e| e.kind.name() == "waiting_input").count(), 1);
     assert_eq!(AGENT, "tester");
 }
+
+/// A session stopped by a shutdown commits what it still held (here: a sub-run's
+/// spending, booked between commits), instead of losing it with the process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_stopped_by_a_shutdown_commits_what_it_held() {
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let mut setup = Setup::new(ScriptedModel::per_turn(vec![crate::testing::Step::Hang]));
+    setup.store = store.clone();
+    let harness = setup.start().await;
+    let run_id = harness.submit("think forever").await;
+    let mut events = harness.runtime.subscribe(run_id, 0);
+    wait_for(&mut events, |kind| matches!(kind, EventKind::TurnStart { .. })).await;
+
+    let session = harness.runtime.session(run_id).await.unwrap().expect("the run's session");
+    let spent = crate::protocol::Usage { input_tokens: 7, output_tokens: 5, cost_usd: 0.25 };
+    session.cast(crate::session::SessionMsg::SubRunSpent { usage: spent }).unwrap();
+    // Handled in order: once this is answered, the spending waits in the outbox.
+    let text = crate::runtime::RunInput::Text("not now".to_owned());
+    let answer = ractor::call!(session, |reply| crate::session::SessionMsg::Input { input: text, reply }).unwrap();
+    assert!(answer.is_err(), "the run is not waiting for input");
+    let before = store.events_after(run_id, 0, 1_000).await.unwrap();
+    assert!(!before.iter().any(|event| matches!(event.kind, EventKind::TokenUsage { .. })), "not yet committed");
+
+    harness.runtime.shutdown(std::time::Duration::from_secs(5)).await;
+    let after = store.events_after(run_id, 0, 1_000).await.unwrap();
+    let usage = after.iter().find_map(|event| match &event.kind {
+        EventKind::TokenUsage { usage, .. } => Some(*usage),
+        _ => None,
+    });
+    assert_eq!(usage, Some(spent), "the spending was committed as the session stopped");
+    let seqs: Vec<u64> = after.iter().map(|event| event.seq).collect();
+    assert_eq!(seqs, (1..=after.len() as u64).collect::<Vec<_>>());
+    assert_eq!(store.get_run(run_id).await.unwrap().unwrap().usage, spent, "and the run's usage with it");
+}
