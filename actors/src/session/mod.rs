@@ -1295,7 +1295,6 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// The tool calls of the current turn, while it has them.
 /// Whether the run's review is the rule-based one: the reviewer computes it in
 /// microseconds, in this process, so what ends a turn can wait for it and commit
 /// with it (one commit a turn fewer). A model-backed review takes a model call;
@@ -1304,6 +1303,7 @@ fn review_is_instant(live: &Live) -> bool {
     matches!(live.agent.reviewer, ReviewerKind::RuleBased)
 }
 
+/// The tool calls of the current turn, while it has them.
 fn tools_mut(live: &mut Live) -> Option<&mut ToolTurn> {
     match &mut live.phase {
         Phase::Tools(tools) | Phase::WaitingInput(tools) => Some(tools),
@@ -1357,7 +1357,6 @@ fn over_budget(limits: &Limits, usage: &Usage) -> Option<String> {
     None
 }
 
-/// Reads a model stream to its end, forwarding deltas to the session.
 /// `deltas` as `(text, reasoning)`, adjacent pieces of the same kind joined.
 fn join_deltas(deltas: Vec<ModelDelta>) -> Vec<(String, bool)> {
     let mut joined: Vec<(String, bool)> = Vec::new();
@@ -1374,6 +1373,8 @@ fn join_deltas(deltas: Vec<ModelDelta>) -> Vec<(String, bool)> {
     joined
 }
 
+/// Reads a model stream to its end, leaving its deltas in an inbox for the
+/// session (see [`DeltaInbox`]).
 async fn stream_reply(
     model: &dyn ModelClient,
     request: crate::llm::ChatRequest,
