@@ -310,17 +310,25 @@ impl Runtime {
         if permit.is_none() {
             record.status = RunStatus::Queued;
         }
-        let started = RunEvent {
+        let mut events = vec![RunEvent {
             run_id,
             seq: 1,
             ts: now,
             parent_run_id,
             kind: EventKind::RunStarted { agent: spec.agent.clone(), input: spec.input },
-        };
-        // A run that starts now is handed to its session as created: reading it
-        // back from the store would only return the same record.
-        let created = permit.as_ref().map(|_| Box::new(RunSnapshot::created(record.clone(), 1)));
-        self.shared.store.create_run(record, vec![started]).await?;
+        }];
+        // A run that starts now starts its first turn in the commit that creates
+        // it (unless its budget is spent before it begins: its session then ends
+        // it): its session calls the model at once, as it would for a run resumed
+        // in a turn whose reply never committed. It is handed to its session as
+        // created, since reading it back from the store would only return the same.
+        if permit.is_some() && crate::session::over_budget(&record.limits, &record.usage).is_none() {
+            record.turn = 1;
+            let kind = EventKind::TurnStart { turn: 1 };
+            events.push(RunEvent { run_id, seq: 2, ts: now, parent_run_id, kind });
+        }
+        let created = permit.as_ref().map(|_| Box::new(RunSnapshot::created(record.clone(), events.len() as u64)));
+        self.shared.store.create_run(record, events).await?;
         metrics::run_started(&spec.agent);
         let Some(permit) = permit else {
             // Stored as queued before it is queued, so the dispatcher always finds

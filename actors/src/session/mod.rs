@@ -1343,7 +1343,7 @@ fn unique_call_ids(turn: u32, mut calls: Vec<ToolCall>) -> Vec<ToolCall> {
 }
 
 /// Why the run may not call the model again, if it may not.
-fn over_budget(limits: &Limits, usage: &Usage) -> Option<String> {
+pub(crate) fn over_budget(limits: &Limits, usage: &Usage) -> Option<String> {
     if let Some(max) = limits.max_tokens
         && usage.total_tokens() >= max
     {

@@ -34,6 +34,7 @@ impl Session {
         if state.live.is_some() {
             return Ok(());
         }
+        let resumed = state.created.is_none();
         let snapshot = match state.created.take() {
             Some(created) => Some(*created),
             None => self.shared.store.load(state.run_id).await?,
@@ -105,7 +106,7 @@ impl Session {
             let reason = format!("agent {} or its model is not configured", live.run.agent);
             return self.finish(myself, live, RunStatus::Failed, Some(reason), None).await;
         }
-        if live.run.turn > 0 {
+        if resumed && live.run.turn > 0 {
             info!(run_id = %live.run.run_id, turn = live.run.turn, "resuming run from the store");
         }
         self.nudge_subscribers(live, &snapshot).await?;
@@ -133,7 +134,9 @@ impl Session {
             return self.next_step(myself, live, turn, final_answer, synthesis, review.recommendation).await;
         }
         let Some(assistant) = assistant else {
-            // The turn's reply never committed: this is the one request that is repeated.
+            // The turn's reply never committed: this is the one request that is
+            // repeated (or, for a run just created, whose first turn started with
+            // it, the first request).
             live.turn_clock = Instant::now();
             self.call_model(myself, live, turn);
             return Ok(());

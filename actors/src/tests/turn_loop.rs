@@ -162,6 +162,65 @@ async fn a_spent_token_budget_fails_the_run_before_the_next_call() {
     assert_eq!(record.usage.total_tokens(), 240);
 }
 
+/// A run admitted when it is submitted starts its first turn in the commit that
+/// creates it: a client reading it right after submitting sees turn 1 under way,
+/// and the session's first commit is what the model streamed or replied, not a
+/// lone `turn_start`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_admitted_at_once_starts_its_first_turn_with_its_creation() {
+    let first_commit: Arc<Mutex<Option<Written>>> = Arc::default();
+    let seen = first_commit.clone();
+    let store = FaultyStore::before_commit(move |commit| {
+        let mut first = seen.lock().unwrap();
+        if first.is_none() {
+            let reply = commit
+                .writes
+                .iter()
+                .any(|write| matches!(write, StoreWrite::Message(stored) if stored.message.role == Role::Assistant));
+            let events = commit.events.iter().map(|event| event.kind.name()).collect();
+            *first = Some(Written { completed: Vec::new(), reply, events });
+        }
+        Box::pin(async {})
+    });
+    // The model holds its reply until the test has read the run.
+    let hold = Arc::new(StreamHold::default());
+    let reply = ModelReply { content: "hello".to_owned(), ..Default::default() };
+    let deltas = vec![ModelDelta::Text("hello".to_owned())];
+    let model = ScriptedModel::per_turn(vec![Step::Streamed { deltas, reply, hold: Some(hold.clone()) }]);
+    let mut setup = Setup::new(model);
+    setup.store = Arc::new(store);
+    let harness = setup.start().await;
+    let run_id = harness.submit("greet").await;
+    let created = harness.runtime.get(run_id).await.unwrap().unwrap();
+    assert_eq!((created.status, created.turn), (RunStatus::Running, 1));
+    hold.finish.add_permits(1);
+
+    let (record, events) = harness.finish(run_id).await;
+    assert_eq!(record.status, RunStatus::Succeeded);
+    assert_eq!(kinds(&events)[..2], ["run_started", "turn_start"]);
+    assert_eq!(count(&events, "turn_start"), 1);
+    let first = first_commit.lock().unwrap().take().expect("the session committed");
+    let from_the_model = first.reply || first.has("assistant_delta");
+    assert!(from_the_model && !first.has("turn_start"), "the first commit is turn 1's stream or reply: {first:?}");
+    assert_eq!(harness.requests().len(), 1);
+}
+
+/// A run whose budget is spent before it begins (a token budget of 0) starts no
+/// turn and never asks the model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_with_no_budget_fails_before_its_first_turn() {
+    let mut setup = Setup::new(ScriptedModel::per_turn(vec![text("never reached")]));
+    setup.limits = Limits { max_tokens: Some(0), ..Limits::default() };
+    let harness = setup.start().await;
+    let (record, events) = harness.run("spend nothing").await;
+
+    assert_eq!(record.status, RunStatus::Failed);
+    assert!(record.reason.as_deref().is_some_and(|reason| reason.starts_with("budget_exceeded")), "{record:?}");
+    assert_eq!(kinds(&events), ["run_started", "error", "run_end"]);
+    assert_eq!(record.turn, 0);
+    assert!(harness.requests().is_empty());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seen_documents_are_excluded_from_later_searches_and_cited() {
     let model = ScriptedModel::per_turn(vec![
