@@ -10,7 +10,7 @@ use crate::config::ReviewerKind;
 use crate::llm::ToolChoice;
 use crate::llm::{ModelDelta, ModelReply, Role};
 use crate::protocol::{CallStatus, EventKind, Limits, ReviewStatus, RunStatus};
-use crate::store::StoreWrite;
+use crate::store::{Commit, StoreWrite};
 use crate::testing::{FaultyStore, ScriptedModel, Step, StreamHold, calls, text, todo};
 use crate::tests::{Setup, count, kinds, offered, tool_messages, turns_and_reviews};
 use crate::tool::{Tool, ToolContext, ToolError, ToolOutput};
@@ -171,15 +171,7 @@ async fn a_run_admitted_at_once_starts_its_first_turn_with_its_creation() {
     let first_commit: Arc<Mutex<Option<Written>>> = Arc::default();
     let seen = first_commit.clone();
     let store = FaultyStore::before_commit(move |commit| {
-        let mut first = seen.lock().unwrap();
-        if first.is_none() {
-            let reply = commit
-                .writes
-                .iter()
-                .any(|write| matches!(write, StoreWrite::Message(stored) if stored.message.role == Role::Assistant));
-            let events = commit.events.iter().map(|event| event.kind.name()).collect();
-            *first = Some(Written { completed: Vec::new(), reply, events });
-        }
+        seen.lock().unwrap().get_or_insert_with(|| Written::of(commit));
         Box::pin(async {})
     });
     // The model holds its reply until the test has read the run.
@@ -431,7 +423,7 @@ async fn results_that_arrive_while_the_session_is_busy_are_committed_together() 
 }
 
 /// What one commit held: the tools whose calls it completed, whether it wrote
-/// the assistant's reply, and its events' kinds in order.
+/// an answer (the assistant's reply without calls), and its events' kinds in order.
 #[derive(Debug)]
 struct Written {
     completed: Vec<String>,
@@ -440,17 +432,7 @@ struct Written {
 }
 
 impl Written {
-    fn has(&self, kind: &str) -> bool {
-        self.events.contains(&kind)
-    }
-}
-
-/// The commits of a run that calls `echo` once, then answers, with `reviewer` as
-/// its agent's reviewer; and the status of its first review.
-async fn commits_of_one_call_and_an_answer(reviewer: ReviewerKind) -> (Vec<Written>, ReviewStatus) {
-    let written = Arc::new(Mutex::new(Vec::new()));
-    let seen = written.clone();
-    let store = FaultyStore::before_commit(move |commit| {
+    fn of(commit: &Commit) -> Self {
         let completed = commit
             .writes
             .iter()
@@ -466,7 +448,21 @@ async fn commits_of_one_call_and_an_answer(reviewer: ReviewerKind) -> (Vec<Writt
                 && stored.message.tool_calls.is_empty())
         });
         let events = commit.events.iter().map(|event| event.kind.name()).collect();
-        seen.lock().unwrap().push(Written { completed, reply, events });
+        Self { completed, reply, events }
+    }
+
+    fn has(&self, kind: &str) -> bool {
+        self.events.contains(&kind)
+    }
+}
+
+/// The commits of a run that calls `echo` once, then answers, with `reviewer` as
+/// its agent's reviewer; and the status of its first review.
+async fn commits_of_one_call_and_an_answer(reviewer: ReviewerKind) -> (Vec<Written>, ReviewStatus) {
+    let written = Arc::new(Mutex::new(Vec::new()));
+    let seen = written.clone();
+    let store = FaultyStore::before_commit(move |commit| {
+        seen.lock().unwrap().push(Written::of(commit));
         Box::pin(async {})
     });
     let mut setup = Setup::new(ScriptedModel::per_turn(vec![calls(&[("echo", json!({"text": "a"}))]), text("done")]));
