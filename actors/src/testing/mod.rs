@@ -1,7 +1,7 @@
 //! Test support (feature `testing`): a scripted model, tools that echo, fail,
 //! panic, hang or write to a ledger, a store that panics on demand, and a metrics
 //! recorder. They stand in for the network and the world in tests and benches;
-//! none of them is used by the product.
+//! none of them is used by the product. [`eventually`] waits for a condition.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -17,6 +17,10 @@ use crate::llm::{ChatRequest, ModelChunk, ModelClient, ModelDelta, ModelError, M
 use crate::protocol::{Fragment, RunId, ToolCall, Usage};
 use crate::store::{Commit, MemoryStore, RunQuery, RunRecord, RunSnapshot, RunStore, StoreError};
 use crate::tool::{Tool, ToolContext, ToolError, ToolOutput};
+
+mod eventually;
+
+pub use eventually::{Holds, eventually};
 
 /// One scripted model answer.
 #[derive(Debug, Clone)]
