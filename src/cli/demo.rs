@@ -15,7 +15,7 @@ use troupe_actors::store::RunStore;
 use troupe_actors::tool::ToolRegistry;
 use troupe_actors::{Deps, Runtime, SubmitRequest};
 
-use crate::view::View;
+use crate::cli::view::View;
 
 /// What to run and how to show it.
 pub struct DemoArgs {

@@ -9,7 +9,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
-use troupe::client::SseParser;
+use troupe::cli::client::SseParser;
 use troupe::server::{self, AppState, Auth, AuthConfig, ServerConfig};
 use troupe_actors::config::{AgentConfig, RuntimeConfig};
 use troupe_actors::llm::ModelRegistry;

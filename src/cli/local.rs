@@ -1,0 +1,124 @@
+//! The commands that run the runtime in this process, on an [`App`]: `troupe
+//! serve` (the daemon until a signal), `troupe demo`, `troupe resume` and
+//! `troupe gc`.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use tokio_util::sync::CancellationToken;
+use troupe_actors::Deps;
+use troupe_actors::protocol::RunStatus;
+use troupe_actors::store::RunStore;
+
+use crate::app::App;
+use crate::cli::demo::{self, DemoArgs};
+use crate::config::Config;
+use crate::daemon::Daemon;
+use crate::server::Auth;
+
+/// A command that runs on an [`App`].
+pub enum Local {
+    /// `troupe serve`.
+    Serve,
+    /// `troupe demo`.
+    Demo(DemoArgs),
+    /// `troupe resume`.
+    Resume,
+    /// `troupe gc`, with `--older-than-days`.
+    Gc {
+        /// Overrides `store.retention_days`.
+        older_than_days: Option<f64>,
+    },
+}
+
+/// Runs `command` on `app`, then stops the MCP servers.
+pub async fn run(app: App, command: Local) -> anyhow::Result<ExitCode> {
+    let App { config, agents, models, tools, auth, store, mcp } = app;
+    let outcome = match command {
+        Local::Serve => {
+            let auth = auth.context("serve has its auth")?;
+            let deps = Deps { store: Arc::new(store), models, tools, hooks: Vec::new(), agents };
+            serve(config, auth, deps).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Local::Demo(args) => {
+            let status = demo::run(config.runtime, Arc::new(store), models, tools, agents, args).await?;
+            Ok(if status == RunStatus::Succeeded { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+        }
+        Local::Resume => {
+            let ended = demo::resume(config.runtime, Arc::new(store), models, tools, agents).await?;
+            let succeeded = ended.iter().filter(|(_, status)| *status == RunStatus::Succeeded).count();
+            println!(
+                "resumed {} run(s): {succeeded} succeeded, {} ended otherwise",
+                ended.len(),
+                ended.len() - succeeded
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Local::Gc { older_than_days } => {
+            gc(&config, &store, older_than_days).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+    };
+    mcp.shutdown().await;
+    outcome
+}
+
+/// `troupe gc`: deletes finished runs that ended longer ago than the retention
+/// period, in batches.
+async fn gc(config: &Config, store: &impl RunStore, older_than_days: Option<f64>) -> anyhow::Result<()> {
+    let days = older_than_days.unwrap_or(config.store.retention_days);
+    let age = chrono::Duration::try_seconds((days * 86_400.0) as i64)
+        .filter(|_| days.is_finite() && days >= 0.0)
+        .context("the retention period must be a non-negative number of days")?;
+    let before = chrono::Utc::now()
+        .checked_sub_signed(age)
+        .context("the retention period reaches past the earliest representable date")?;
+    let batch = config.store.gc_batch.max(1);
+    let mut deleted = 0;
+    loop {
+        let count = store.delete_finished(before, batch).await?;
+        deleted += count;
+        if count < batch {
+            break;
+        }
+    }
+    println!("deleted {deleted} finished run(s) older than {days} day(s)");
+    Ok(())
+}
+
+/// `troupe serve` until SIGTERM or Ctrl-C; a second signal exits at once.
+async fn serve(config: Config, auth: Auth, deps: Deps) -> anyhow::Result<()> {
+    let prometheus = crate::server::install_prometheus().context("cannot install the metrics recorder")?;
+    let shutdown = CancellationToken::new();
+    let signals = shutdown.clone();
+    tokio::spawn(async move {
+        let mut terminate = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(signal) => signal,
+            Err(error) => {
+                tracing::error!(%error, "cannot listen for SIGTERM");
+                return;
+            }
+        };
+        for round in 0.. {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = terminate.recv() => {}
+            }
+            if round > 0 {
+                eprintln!("troupe: second signal; exiting now (runs resume on the next start)");
+                std::process::exit(130);
+            }
+            tracing::info!("shutting down: finishing requests in flight; send the signal again to exit at once");
+            signals.cancel();
+        }
+    });
+    let daemon = Daemon { runtime: config.runtime, server: config.server, auth, deps, prometheus: Some(prometheus) };
+    daemon
+        .run(shutdown, |address| {
+            // The first line of stdout, for people and for scripts that bind port 0.
+            println!("troupe listening on http://{address}");
+        })
+        .await
+}
