@@ -1,6 +1,7 @@
 //! Every metric troupe exports, by name, and the helpers that record them through
 //! the `metrics` facade. No other module spells a metric name. Labels are bounded
 //! sets (agent, tool, model, status, reason); run ids never become labels.
+#![allow(clippy::disallowed_macros)]
 
 use std::time::Duration;
 

@@ -1,6 +1,8 @@
 //! Black-box tests of the `troupe` binary: real processes, real output.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+// Tests read their settings (a PostgreSQL URL, a model, a seed) from the environment.
+#![allow(clippy::disallowed_methods)]
 
 mod crash;
 mod daemon;
