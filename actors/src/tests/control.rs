@@ -6,7 +6,7 @@ use serde_json::json;
 
 use crate::protocol::{CallStatus, EventKind, RunStatus};
 use crate::runtime::{CancelError, InputError, SubmitError, SubmitRequest};
-use crate::testing::{ScriptedModel, Step, calls, text};
+use crate::testing::{ScriptedModel, Step, calls, eventually, text};
 use crate::tests::{AGENT, Setup, collect, tool_messages, wait_for};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -82,16 +82,14 @@ async fn admission_refuses_runs_beyond_the_limit_until_a_slot_frees() {
     harness.runtime.cancel(first).await.unwrap();
     collect(harness.runtime.subscribe(first, 0)).await;
     // The slot frees when the session has stopped, just after its last commit.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
+    eventually(Duration::from_secs(10), "the slot to free", || async {
         match harness.runtime.submit(SubmitRequest::new(AGENT, "next")).await {
-            Ok(_) => break,
-            Err(SubmitError::Overloaded { .. }) if tokio::time::Instant::now() < deadline => {
-                tokio::task::yield_now().await
-            }
+            Ok(_) => true,
+            Err(SubmitError::Overloaded { .. }) => false,
             Err(error) => panic!("the slot never freed: {error}"),
         }
-    }
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -125,15 +123,11 @@ async fn a_tenant_over_its_limit_is_refused_while_another_tenant_is_admitted() {
 
 /// Polls the run's status until it is `wanted`.
 async fn wait_status(harness: &crate::tests::Harness, run_id: crate::protocol::RunId, wanted: RunStatus) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let status = harness.runtime.get(run_id).await.unwrap().unwrap().status;
-        if status == wanted {
-            return;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "run {run_id} stayed {status:?}, never {wanted:?}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let what = format!("run {run_id} to become {wanted:?}");
+    eventually(Duration::from_secs(10), &what, || async {
+        harness.runtime.get(run_id).await.unwrap().unwrap().status == wanted
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -209,16 +203,15 @@ async fn a_run_parked_on_a_question_frees_its_slot_until_it_is_answered() {
     wait_for(&mut events, |kind| matches!(kind, EventKind::WaitingInput { .. })).await;
 
     // The slot comes free once the park is seen by the supervisor.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let other = loop {
+    let other = eventually(Duration::from_secs(10), "the parked run to give up its slot", || async {
         let run_id = harness.submit("another").await;
         if harness.runtime.get(run_id).await.unwrap().unwrap().status == RunStatus::Running {
-            break run_id;
+            return Some(run_id);
         }
-        assert!(tokio::time::Instant::now() < deadline, "the parked run kept its slot");
         harness.runtime.cancel(run_id).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    };
+        None
+    })
+    .await;
     // The answer is taken although the slot is used: the parked run was admitted.
     harness.runtime.input(parked, "the first").await.unwrap();
     wait_for(&mut events, |kind| matches!(kind, EventKind::InputReceived { .. })).await;

@@ -11,7 +11,7 @@ use crate::llm::ModelRegistry;
 use crate::protocol::{EventKind, Limits, RunId, RunStatus};
 use crate::runtime::{Deps, Runtime, SubmitRequest};
 use crate::store::{MemoryStore, RunQuery, RunRecord, RunStore};
-use crate::testing::{EchoTool, ScriptedModel, Step, calls, text};
+use crate::testing::{EchoTool, ScriptedModel, Step, calls, eventually, text};
 use crate::tests::{collect, tool_messages};
 use crate::tool::ToolRegistry;
 
@@ -124,24 +124,15 @@ async fn cancelling_the_caller_cancels_its_sub_run() {
     let team =
         team(vec![delegate("think forever")], vec![Step::Hang], RuntimeConfig::default(), Limits::default()).await;
     let boss = team.runtime.submit(SubmitRequest::new("boss", "start")).await.unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let child = loop {
-        if let Some(child) = sub_runs_of(&team.store, boss).await.pop() {
-            break child.run_id;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "the sub-run never started");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    };
+    let child = eventually(Duration::from_secs(10), "the sub-run to start", || async {
+        sub_runs_of(&team.store, boss).await.pop().map(|child| child.run_id)
+    })
+    .await;
     team.runtime.cancel(boss).await.unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let status = team.runtime.get(child).await.unwrap().unwrap().status;
-        if status == RunStatus::Cancelled {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "the sub-run is still {status:?}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    eventually(Duration::from_secs(10), "the sub-run to be cancelled", || async {
+        team.runtime.get(child).await.unwrap().unwrap().status == RunStatus::Cancelled
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -173,11 +164,10 @@ async fn a_sub_run_cut_by_a_restart_is_followed_again_not_repeated() {
     )
     .await;
     let boss = first.runtime.submit(SubmitRequest::new("boss", "start")).await.unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while sub_runs_of(&store, boss).await.is_empty() {
-        assert!(tokio::time::Instant::now() < deadline, "the sub-run never started");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    eventually(Duration::from_secs(10), "the sub-run to start", || async {
+        !sub_runs_of(&store, boss).await.is_empty()
+    })
+    .await;
     first.runtime.shutdown(Duration::from_secs(5)).await;
 
     // The next process: the helper now answers.

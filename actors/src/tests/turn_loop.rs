@@ -1,7 +1,7 @@
 //! The turn loop: planning, parallel tools, the reviewer on every turn, synthesis.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::json;
 use tokio::sync::{Notify, Semaphore};
@@ -11,7 +11,7 @@ use crate::llm::ToolChoice;
 use crate::llm::{ModelDelta, ModelReply, Role};
 use crate::protocol::{CallStatus, EventKind, Limits, ReviewStatus, RunStatus};
 use crate::store::{Commit, StoreWrite};
-use crate::testing::{FaultyStore, ScriptedModel, Step, StreamHold, calls, text, todo};
+use crate::testing::{FaultyStore, ScriptedModel, Step, StreamHold, calls, eventually, text, todo};
 use crate::tests::{Setup, count, kinds, offered, tool_messages, turns_and_reviews};
 use crate::tool::{Tool, ToolContext, ToolError, ToolOutput};
 use crate::tool_pool::ToolPoolMsg;
@@ -393,15 +393,11 @@ async fn results_that_arrive_while_the_session_is_busy_are_committed_together() 
     tokio::time::timeout(Duration::from_secs(60), store.held.notified()).await.expect("echo's result was committed");
     gate.add_permits(2);
     let pool = harness.runtime.tool_pool().expect("the tool pool runs");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    eventually(Duration::from_secs(60), "the wait calls to end", || async {
         let (queued, busy, _) = ractor::call!(pool, |reply| ToolPoolMsg::Stats { reply }).unwrap();
-        if queued == 0 && busy == 0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the wait calls did not end");
-        tokio::task::yield_now().await;
-    }
+        queued == 0 && busy == 0
+    })
+    .await;
     store.release.notify_one();
 
     let (record, _) = harness.finish(run_id).await;
