@@ -10,6 +10,9 @@ use crate::planner::PlannerConfig;
 use crate::protocol::Limits;
 use crate::tool_pool::ToolPoolConfig;
 
+/// Serde for durations written as seconds; kept here under its old path.
+pub use crate::duration_secs;
+
 /// How many restarts a supervised actor gets before its supervisor gives up on it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -140,23 +143,5 @@ impl AgentConfig {
             limits: Limits::default(),
             reviewer: ReviewerKind::RuleBased,
         }
-    }
-}
-
-/// Serde for durations written as seconds (a number, fractions allowed).
-pub mod duration_secs {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    /// Writes seconds as a float.
-    pub fn serialize<S: Serializer>(duration: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_f64(duration.as_secs_f64())
-    }
-
-    /// Reads seconds from a number.
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
-        let seconds = f64::deserialize(deserializer)?;
-        Duration::try_from_secs_f64(seconds).map_err(serde::de::Error::custom)
     }
 }

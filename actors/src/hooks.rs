@@ -406,7 +406,7 @@ pub struct HookChain {
 
 /// The result of the before-hooks.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Admission {
+pub enum HookVerdict {
     /// Run the tool with these arguments.
     Run(Value),
     /// Do not run it; this is the outcome.
@@ -423,7 +423,7 @@ impl HookChain {
     }
 
     /// Runs the before-hooks (rules 1-3).
-    pub async fn before(&self, context: &HookContext<'_>, call: &ToolCall) -> Admission {
+    pub async fn before(&self, context: &HookContext<'_>, call: &ToolCall) -> HookVerdict {
         // The call is copied only when a hook rewrites it.
         let mut current = Cow::Borrowed(call);
         for hook in &self.hooks {
@@ -431,14 +431,14 @@ impl HookChain {
                 BeforeCall::Run => {}
                 BeforeCall::Rewrite(args) => current.to_mut().args = args,
                 BeforeCall::Skip { reason, detail } => {
-                    return Admission::Skip(ToolOutcome::Skipped { reason, detail });
+                    return HookVerdict::Skip(ToolOutcome::Skipped { reason, detail });
                 }
                 BeforeCall::Deny { reason } => {
-                    return Admission::Skip(ToolOutcome::Skipped { reason: SkipReason::Denied, detail: reason });
+                    return HookVerdict::Skip(ToolOutcome::Skipped { reason: SkipReason::Denied, detail: reason });
                 }
             }
         }
-        Admission::Run(current.into_owned().args)
+        HookVerdict::Run(current.into_owned().args)
     }
 
     /// Runs the after-hooks (rule 4).
@@ -498,7 +498,7 @@ mod tests {
         ]);
         let (ledger, config) = (RunLedger::new(), HookConfig::default());
         let admission = chain.before(&context(&ledger, &config), &call(json!({}))).await;
-        assert_eq!(admission, Admission::Skip(ToolOutcome::skipped(SkipReason::Denied, "policy")));
+        assert_eq!(admission, HookVerdict::Skip(ToolOutcome::skipped(SkipReason::Denied, "policy")));
     }
 
     #[tokio::test]
@@ -510,7 +510,7 @@ mod tests {
         ]);
         let (ledger, config) = (RunLedger::new(), HookConfig::default());
         let admission = chain.before(&context(&ledger, &config), &call(json!({}))).await;
-        assert_eq!(admission, Admission::Run(json!({"b": 2})));
+        assert_eq!(admission, HookVerdict::Run(json!({"b": 2})));
     }
 
     #[tokio::test]
@@ -527,7 +527,7 @@ mod tests {
     async fn unknown_tool_is_invalid_args() {
         let chain = HookChain::new(HookConfig::default(), vec![]);
         let (ledger, config) = (RunLedger::new(), HookConfig::default());
-        let Admission::Skip(ToolOutcome::Skipped { reason, detail }) =
+        let HookVerdict::Skip(ToolOutcome::Skipped { reason, detail }) =
             chain.before(&context(&ledger, &config), &call(json!({}))).await
         else {
             panic!("expected a skip");

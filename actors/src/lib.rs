@@ -7,6 +7,9 @@
 //!   cancel, shutdown. Callers never hold a ref to an internal actor.
 //! - [`protocol`]: the shared vocabulary (runs, plans, tool calls and outcomes,
 //!   reviews, events, usage), plain serde data.
+//! - [`shared`]: what every actor shares ([`shared::RuntimeShared`]);
+//!   [`run_input`]: what a client sends a parked run; [`builtin`]: the tools the
+//!   runtime answers itself.
 //! - [`supervisor`]: the root actor: restarts, the registry of live runs.
 //! - [`session`]: one actor per run: the turn loop.
 //! - [`planner`]: one actor per run: the plan (`todo_write`).
@@ -17,7 +20,8 @@
 //! - Ports: [`llm`] (the model), [`tool`] (tools), [`store`] (runs, events and the
 //!   in-memory store).
 //! - [`metrics`]: every metric name; [`config`]: settings as serde data;
-//!   [`rfc3339`]: times as text, written by hand.
+//!   [`rfc3339`]: times as text, written by hand; [`duration_secs`]: durations
+//!   as seconds.
 //! - `testing` (feature `testing`): scripted model, test tools, faulty store.
 //!
 //! This crate depends on no HTTP server, SQL driver, HTTP client or metrics
@@ -27,7 +31,9 @@
 
 pub mod admission;
 pub mod approvals;
+pub mod builtin;
 pub mod config;
+pub mod duration_secs;
 pub mod events;
 pub mod hooks;
 pub mod llm;
@@ -36,8 +42,10 @@ pub mod planner;
 pub mod protocol;
 pub mod reviewer;
 pub mod rfc3339;
+pub mod run_input;
 pub mod runtime;
 pub mod session;
+pub mod shared;
 pub mod store;
 pub mod supervisor;
 pub mod tool;
@@ -49,4 +57,5 @@ pub mod testing;
 #[cfg(test)]
 mod tests;
 
-pub use runtime::{CancelError, Deps, InputError, RunInput, Runtime, RuntimeError, SubmitError, SubmitRequest};
+pub use run_input::{InputError, RunInput};
+pub use runtime::{CancelError, Deps, Runtime, RuntimeError, SubmitError, SubmitRequest};

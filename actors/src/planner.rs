@@ -10,11 +10,12 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::builtin::BuiltinTool;
 use crate::llm::ToolDefinition;
 use crate::protocol::{Plan, TaskStatus, TodoItem};
 
 /// The name of the planning tool.
-pub const TODO_WRITE: &str = "todo_write";
+pub const TODO_WRITE: &str = BuiltinTool::TodoWrite.name();
 
 /// Messages the planner takes.
 pub enum PlannerMsg {

@@ -17,6 +17,7 @@ use ractor::{Actor, ActorRef};
 use tracing::{info, warn};
 
 use crate::admission::{Admission, QueueFull, Refusal, RunQueue, Slot};
+use crate::builtin::BuiltinTool;
 use crate::config::{AgentConfig, RuntimeConfig};
 use crate::events::{self, EventHub};
 use crate::hooks::{HookChain, ToolHook};
@@ -24,10 +25,16 @@ use crate::llm::ModelRegistry;
 use crate::metrics;
 use crate::protocol::{EventKind, RunEvent, RunId, RunSpec, RunStatus};
 use crate::session::SessionMsg;
+use crate::shared::Handles;
 use crate::store::{Commit, RunRecord, RunSnapshot, RunStore, StoreError, StoreWrite};
-use crate::supervisor::{Handles, Supervisor, SupervisorMsg};
+use crate::supervisor::{Supervisor, SupervisorMsg};
 use crate::tool::ToolRegistry;
 use crate::tool_pool::PoolShared;
+
+// Their old paths: these live below the runtime, where sessions use them too.
+pub use crate::run_input::{InputError, RunInput};
+use crate::shared::over_budget;
+pub use crate::shared::{RuntimeShared, end_run};
 
 /// What the runtime is built from.
 pub struct Deps {
@@ -41,24 +48,6 @@ pub struct Deps {
     pub hooks: Vec<Arc<dyn ToolHook>>,
     /// The agents.
     pub agents: Vec<AgentConfig>,
-}
-
-/// What every actor of the runtime shares (read-only but for the handles).
-pub struct RuntimeShared {
-    /// Where runs live.
-    pub store: Arc<dyn RunStore>,
-    /// The models.
-    pub models: ModelRegistry,
-    /// Tools, hooks and the default tool time limit.
-    pub pool: Arc<PoolShared>,
-    /// The agents by name; sessions share them.
-    pub agents: HashMap<String, Arc<AgentConfig>>,
-    /// Current refs of the shared actors.
-    pub handles: Handles,
-    /// Live event channels.
-    pub hub: Arc<EventHub>,
-    /// Settings.
-    pub config: RuntimeConfig,
 }
 
 /// A submission.
@@ -117,55 +106,6 @@ pub enum SubmitError {
     },
     /// The runtime is stopping or broken.
     #[error("the runtime is not accepting runs")]
-    Unavailable,
-    /// The store failed.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-}
-
-/// What a client sends a parked run.
-#[derive(Debug, Clone, PartialEq)]
-pub enum RunInput {
-    /// The answer to the run's `ask_user` question.
-    Text(String),
-    /// A decision on a call waiting for approval.
-    Approval {
-        /// The call; may be left out when only one call waits.
-        call_id: Option<String>,
-        /// Run it, or not.
-        approved: bool,
-        /// Why; the model sees it on a rejection.
-        reason: Option<String>,
-    },
-}
-
-impl From<String> for RunInput {
-    fn from(text: String) -> Self {
-        Self::Text(text)
-    }
-}
-
-impl From<&str> for RunInput {
-    fn from(text: &str) -> Self {
-        Self::Text(text.to_owned())
-    }
-}
-
-/// Why input was refused.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum InputError {
-    /// No such run.
-    #[error("run not found")]
-    NotFound,
-    /// The run is not waiting for input.
-    #[error("the run is not waiting for input")]
-    NotWaiting,
-    /// The input does not fit what the run waits for (no question is open, no
-    /// such call waits for approval, several calls wait and none was named).
-    #[error("{0}")]
-    Invalid(String),
-    /// The runtime is stopping or broken.
-    #[error("the runtime is not accepting input")]
     Unavailable,
     /// The store failed.
     #[error(transparent)]
@@ -322,7 +262,7 @@ impl Runtime {
         // it): its session calls the model at once, as it would for a run resumed
         // in a turn whose reply never committed. It is handed to its session as
         // created, since reading it back from the store would only return the same.
-        if permit.is_some() && crate::session::over_budget(&record.limits, &record.usage).is_none() {
+        if permit.is_some() && over_budget(&record.limits, &record.usage).is_none() {
             record.turn = 1;
             let kind = EventKind::TurnStart { turn: 1 };
             events.push(RunEvent { run_id, seq: 2, ts: now, parent_run_id, kind });
@@ -610,7 +550,7 @@ fn check_agents(deps: &Deps) -> Result<HashMap<String, Arc<AgentConfig>>, Runtim
     let mut agents = HashMap::new();
     for agent in &deps.agents {
         for tool in &agent.tools {
-            let builtin = tool == crate::session::RUN_AGENT || tool == crate::session::LIST_AGENTS;
+            let builtin = BuiltinTool::from_name(tool).is_some_and(BuiltinTool::opt_in);
             if !builtin && deps.tools.get(tool).is_none() {
                 return Err(RuntimeError::Config(format!("agent {} names unknown tool {tool}", agent.name)));
             }
@@ -623,46 +563,4 @@ fn check_agents(deps: &Deps) -> Result<HashMap<String, Arc<AgentConfig>>, Runtim
         }
     }
     Ok(agents)
-}
-
-/// Ends a run that has no live session: `run_end` and the status, committed
-/// together. Used for meltdowns and for cancels of runs without a session.
-pub async fn end_run(
-    shared: &RuntimeShared,
-    run_id: RunId,
-    status: RunStatus,
-    reason: String,
-) -> Result<(), StoreError> {
-    let Some(run) = shared.store.get_run(run_id).await? else {
-        return Err(StoreError::NotFound(run_id));
-    };
-    if run.status.is_terminal() {
-        return Ok(());
-    }
-    let last = shared.store.load(run_id).await?.map_or(0, |snapshot| snapshot.last_seq);
-    let mut events = Vec::new();
-    if status == RunStatus::Failed {
-        events.push(RunEvent {
-            run_id,
-            seq: last + 1,
-            ts: Utc::now(),
-            parent_run_id: run.parent_run_id,
-            kind: EventKind::Error { code: "run_failed".to_owned(), message: reason.clone() },
-        });
-    }
-    let kind = EventKind::RunEnd { status, reason: Some(reason.clone()) };
-    events.push(RunEvent {
-        run_id,
-        seq: last + 1 + events.len() as u64,
-        ts: Utc::now(),
-        parent_run_id: run.parent_run_id,
-        kind,
-    });
-    let writes = vec![StoreWrite::Status { status, reason: Some(reason) }];
-    let commit = Commit { run_id, writes, events };
-    shared.store.commit(&commit).await?;
-    shared.hub.publish(run_id, commit.events);
-    shared.hub.close(run_id);
-    metrics::run_finished(&run.agent, status.as_str());
-    Ok(())
 }

@@ -12,7 +12,7 @@
 //! failed by a meltdown is written by an offloaded task.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
@@ -21,49 +21,20 @@ use tracing::{error, warn};
 use crate::admission::Slot;
 use crate::metrics;
 use crate::protocol::{RunId, RunStatus};
-use crate::reviewer::{Reviewer, ReviewerMsg};
-use crate::runtime::{RuntimeShared, end_run};
+use crate::reviewer::Reviewer;
 use crate::session::{Session, SessionArgs, SessionMsg};
+use crate::shared::{RuntimeShared, end_run};
 use crate::store::RunSnapshot;
-use crate::tool_pool::{ToolPool, ToolPoolMsg};
+use crate::tool_pool::ToolPool;
+
+/// The refs of the shared actors live with the shared state; kept here under their old path.
+pub use crate::shared::Handles;
 
 /// Tries at recording a run failed by a meltdown.
 const END_RUN_ATTEMPTS: u32 = 4;
 
 /// Time limit of a model-backed review.
 const REVIEW_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// The current refs of the shared actors; sessions read them on every use, so a
-/// restarted pool or reviewer is picked up at once.
-#[derive(Default)]
-pub struct Handles {
-    tool_pool: RwLock<Option<ActorRef<ToolPoolMsg>>>,
-    reviewer: RwLock<Option<ActorRef<ReviewerMsg>>>,
-}
-
-impl Handles {
-    /// The tool pool, unless it is being restarted.
-    pub fn tool_pool(&self) -> Option<ActorRef<ToolPoolMsg>> {
-        self.tool_pool.read().ok().and_then(|guard| guard.clone())
-    }
-
-    /// The reviewer, unless it is being restarted.
-    pub fn reviewer(&self) -> Option<ActorRef<ReviewerMsg>> {
-        self.reviewer.read().ok().and_then(|guard| guard.clone())
-    }
-
-    fn set_tool_pool(&self, pool: Option<ActorRef<ToolPoolMsg>>) {
-        if let Ok(mut guard) = self.tool_pool.write() {
-            *guard = pool;
-        }
-    }
-
-    fn set_reviewer(&self, reviewer: Option<ActorRef<ReviewerMsg>>) {
-        if let Ok(mut guard) = self.reviewer.write() {
-            *guard = reviewer;
-        }
-    }
-}
 
 /// Why a session could not be started.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -14,14 +14,12 @@ use std::sync::{Arc, LazyLock};
 
 use serde_json::Value;
 
+use crate::builtin::BuiltinTool;
 use crate::config::AgentConfig;
 use crate::llm::{ChatRequest, Message, Role, ToolChoice, ToolDefinition};
-use crate::planner::{self, TODO_WRITE};
+use crate::planner;
 use crate::protocol::{Citation, Fragment, Plan, Review};
 use crate::tool::ToolRegistry;
-
-/// The name of the clarification tool.
-pub const ASK_USER: &str = "ask_user";
 
 /// What `ask_user` takes.
 #[derive(serde::Deserialize, schemars::JsonSchema)]
@@ -39,7 +37,7 @@ pub fn ask_user_definition() -> Arc<ToolDefinition> {
 
 fn build_ask_user_definition() -> ToolDefinition {
     ToolDefinition {
-        name: ASK_USER.to_owned(),
+        name: BuiltinTool::AskUser.name().to_owned(),
         description: "Ask the user a clarifying question and wait for the answer. \
             Use it only when the request cannot be answered without it."
             .to_owned(),
@@ -64,10 +62,12 @@ pub fn ask_user_question(args: &Value) -> Option<String> {
 /// are not blocked.
 pub fn offered_tools(agent: &AgentConfig, registry: &ToolRegistry, blocked: &[String]) -> Vec<Arc<ToolDefinition>> {
     let mut tools = vec![planner::todo_write_definition(), ask_user_definition()];
-    tools.extend(agent.tools.iter().filter(|name| !blocked.contains(name)).filter_map(|name| match name.as_str() {
-        super::sub_runs::LIST_AGENTS => Some(super::sub_runs::list_agents_definition()),
-        super::sub_runs::RUN_AGENT => Some(super::sub_runs::run_agent_definition()),
-        _ => registry.definition(name),
+    tools.extend(agent.tools.iter().filter(|name| !blocked.contains(name)).filter_map(|name| {
+        match BuiltinTool::from_name(name) {
+            Some(BuiltinTool::ListAgents) => Some(super::sub_runs::list_agents_definition()),
+            Some(BuiltinTool::RunAgent) => Some(super::sub_runs::run_agent_definition()),
+            _ => registry.definition(name),
+        }
     }));
     tools
 }
@@ -180,11 +180,6 @@ pub fn resolve_citations(text: &str, documents: &[Fragment]) -> Vec<Citation> {
         rest = &rest[close + 1..];
     }
     citations
-}
-
-/// Whether `name` is answered inside the session rather than by the tool pool.
-pub fn is_builtin(name: &str) -> bool {
-    name == TODO_WRITE || name == ASK_USER
 }
 
 #[cfg(test)]

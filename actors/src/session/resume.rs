@@ -13,14 +13,17 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::approvals::RunLabels;
+use crate::builtin::BuiltinTool;
 use crate::config::AgentConfig;
 use crate::hooks::RunLedger;
 use crate::llm::{Message, Role};
 use crate::planner::Planner;
 use crate::protocol::{CallStatus, RunStatus, SkipReason, ToolOutcome};
 use crate::reviewer::CallSummary;
-use crate::session::prompt::ASK_USER;
-use crate::session::{Live, Outbox, Phase, Session, SessionMsg, SessionState, ToolTurn};
+use crate::session::outbox::Outbox;
+use crate::session::review::Verdict;
+use crate::session::state::{Live, Phase, SessionState, ToolTurn, tools_mut};
+use crate::session::{Session, SessionMsg};
 use crate::store::{RunSnapshot, StoredMessage};
 use crate::tool_pool::WorkItem;
 
@@ -131,7 +134,8 @@ impl Session {
             .map(|m| m.message.clone());
         if let Some((_, review)) = snapshot.reviews.iter().rev().find(|(t, _)| *t == turn) {
             let final_answer = assistant.filter(|a| a.tool_calls.is_empty()).map(|a| a.content);
-            return self.next_step(myself, live, turn, final_answer, synthesis, review.recommendation).await;
+            let verdict = Verdict { turn, final_answer, synthesis, recommendation: review.recommendation };
+            return self.next_step(myself, live, verdict).await;
         }
         let Some(assistant) = assistant else {
             // The turn's reply never committed: this is the one request that is
@@ -185,13 +189,13 @@ impl Session {
                     .iter()
                     .find(|m| m.turn == turn && m.message.tool_call_id.as_deref() == Some(call.call_id.as_str()))
                     .map(|m| m.message.clone());
-            } else if call.name == ASK_USER {
+            } else if BuiltinTool::from_name(&call.name) == Some(BuiltinTool::AskUser) {
                 if live.run.status == RunStatus::WaitingInput {
                     tools.ask = Some(index);
                 }
             } else if record.is_some_and(|r| r.status == CallStatus::Started)
                 && !self.idempotent(&call.name)
-                && call.name != super::sub_runs::RUN_AGENT
+                && BuiltinTool::from_name(&call.name) != Some(BuiltinTool::RunAgent)
             {
                 // (A cut-off `run_agent` is dispatched again: its sub-run has an id
                 // derived from the call, so it is found and followed, not repeated.)
@@ -203,7 +207,7 @@ impl Session {
         }
         live.phase = Phase::Tools(tools);
         for index in interrupted {
-            let Some(call) = super::tools_mut(live).map(|tools| tools.calls[index].clone()) else {
+            let Some(call) = tools_mut(live).map(|tools| tools.calls[index].clone()) else {
                 break;
             };
             let work = WorkItem {

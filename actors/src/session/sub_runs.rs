@@ -17,20 +17,17 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
+use crate::builtin::BuiltinTool;
 use crate::config::AgentConfig;
 use crate::events;
 use crate::llm::ToolDefinition;
 use crate::protocol::{EventKind, Limits, RunEvent, RunId, RunStatus, ToolOutcome};
-use crate::runtime::{RuntimeShared, end_run};
-use crate::session::{Live, Session, SessionMsg};
+use crate::session::state::Live;
+use crate::session::{Session, SessionMsg};
+use crate::shared::{RuntimeShared, end_run};
 use crate::store::{RunRecord, StoreError};
 use crate::supervisor::SupervisorMsg;
 use crate::tool_pool::{WorkItem, book};
-
-/// Names the configured agents.
-pub const LIST_AGENTS: &str = "list_agents";
-/// Runs another agent on a sub-request.
-pub const RUN_AGENT: &str = "run_agent";
 
 /// What `list_agents` takes: nothing.
 #[derive(serde::Deserialize, schemars::JsonSchema)]
@@ -52,7 +49,7 @@ struct RunAgentArgs {
 pub fn list_agents_definition() -> Arc<ToolDefinition> {
     static DEFINITION: LazyLock<Arc<ToolDefinition>> = LazyLock::new(|| {
         Arc::new(ToolDefinition {
-            name: LIST_AGENTS.to_owned(),
+            name: BuiltinTool::ListAgents.name().to_owned(),
             description: "List the agents you can hand a sub-task to with run_agent, with what each does.".to_owned(),
             parameters: crate::tool::schema_of::<ListAgentsArgs>(),
         })
@@ -64,7 +61,7 @@ pub fn list_agents_definition() -> Arc<ToolDefinition> {
 pub fn run_agent_definition() -> Arc<ToolDefinition> {
     static DEFINITION: LazyLock<Arc<ToolDefinition>> = LazyLock::new(|| {
         Arc::new(ToolDefinition {
-            name: RUN_AGENT.to_owned(),
+            name: BuiltinTool::RunAgent.name().to_owned(),
             description: "Hand a self-contained sub-task to another agent and get its final answer.".to_owned(),
             parameters: crate::tool::schema_of::<RunAgentArgs>(),
         })

@@ -2,70 +2,18 @@
 //! the tool (that is what workers exist for) and reports to its pool when done. A
 //! panicking tool kills the worker; the pool answers the call and replaces it.
 
-use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
-use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, info_span};
+use tracing::{Instrument, info_span};
 
-use crate::hooks::{Admission, HookChain, HookContext, RunLedger};
-use crate::metrics;
-use crate::protocol::{Fragment, RunId, ToolCall, ToolExecutionRecord, ToolOutcome};
-use crate::tool::{ToolContext, ToolRegistry};
+use crate::hooks::{HookContext, HookVerdict};
+use crate::protocol::ToolOutcome;
+use crate::tool::ToolContext;
 use crate::tool_pool::ToolPoolMsg;
-
-/// A call to execute, as the worker sees it.
-#[derive(Clone)]
-pub struct WorkItem {
-    /// The run.
-    pub run_id: RunId,
-    /// The turn.
-    pub turn: u32,
-    /// The call's position in the turn, part of its idempotency key.
-    pub index: usize,
-    /// The call as the model asked for it.
-    pub call: ToolCall,
-    /// The run's hook state.
-    pub ledger: Arc<RunLedger>,
-    /// The run's cancellation.
-    pub cancel: CancellationToken,
-}
-
-/// The result of one call, with everything the session commits.
-#[derive(Debug, Clone)]
-pub struct ToolResult {
-    /// The turn.
-    pub turn: u32,
-    /// The call's position in the turn.
-    pub index: usize,
-    /// The call as the model asked for it.
-    pub call: ToolCall,
-    /// What became of it.
-    pub outcome: ToolOutcome,
-    /// Its telemetry.
-    pub record: ToolExecutionRecord,
-    /// Whether this call got its tool blocked.
-    pub newly_blocked: bool,
-    /// Documents first seen in this result.
-    pub new_documents: Vec<Fragment>,
-    /// A short human line for the `reasoning_step` event.
-    pub summary: String,
-}
-
-/// What every worker shares: the tools, the hooks and the default time limit.
-pub struct PoolShared {
-    /// The tools.
-    pub registry: ToolRegistry,
-    /// The hook chain.
-    pub chain: HookChain,
-    /// Time limit for tools that set none.
-    pub default_timeout: Duration,
-    /// Configured time limits by tool name, ahead of the tool's own.
-    pub timeouts: HashMap<String, Duration>,
-}
+use crate::tool_pool::work::{PoolShared, ToolResult, WorkItem, finish, idempotency_key};
 
 /// Messages a worker takes.
 pub enum ToolWorkerMsg {
@@ -125,9 +73,9 @@ pub async fn execute(shared: &PoolShared, work: WorkItem) -> ToolResult {
         return finish(shared, &work, ToolOutcome::Interrupted, started_at, clock.elapsed(), 0.0);
     }
     let (outcome, cost_usd) = match (shared.chain.before(&context, &work.call).await, registered) {
-        (Admission::Skip(outcome), _) => (outcome, 0.0),
-        (Admission::Run(_), None) => (ToolOutcome::failed("unknown_tool", "no such tool"), 0.0),
-        (Admission::Run(args), Some(registered)) => {
+        (HookVerdict::Skip(outcome), _) => (outcome, 0.0),
+        (HookVerdict::Run(_), None) => (ToolOutcome::failed("unknown_tool", "no such tool"), 0.0),
+        (HookVerdict::Run(args), Some(registered)) => {
             let tool = &registered.tool;
             let tool_context = ToolContext {
                 run_id: work.run_id,
@@ -151,96 +99,4 @@ pub async fn execute(shared: &PoolShared, work: WorkItem) -> ToolResult {
     };
     let outcome = shared.chain.after(&context, &work.call, outcome).await;
     finish(shared, &work, outcome, started_at, clock.elapsed(), cost_usd)
-}
-
-/// The deterministic idempotency key of call `index` of `turn`.
-pub fn idempotency_key(run_id: RunId, turn: u32, index: usize) -> String {
-    format!("{run_id}:{turn}:{index}")
-}
-
-/// Books a finished call (rule 5 of the hook chain) and builds its result. Also used
-/// by the pool for calls whose worker crashed.
-pub fn finish(
-    shared: &PoolShared,
-    work: &WorkItem,
-    outcome: ToolOutcome,
-    started_at: DateTime<Utc>,
-    elapsed: Duration,
-    cost_usd: f64,
-) -> ToolResult {
-    let summary = match shared.registry.get(&work.call.name) {
-        Some(registered) => crate::tool::describe_end(registered.tool.as_ref(), &outcome),
-        None => format!("{} is not a known tool", work.call.name),
-    };
-    book(shared, work, outcome, started_at, elapsed, cost_usd, summary)
-}
-
-/// Books a call without running any of the tool's code (its summary is given).
-/// Safe inside `Drop`.
-pub fn book(
-    shared: &PoolShared,
-    work: &WorkItem,
-    outcome: ToolOutcome,
-    started_at: DateTime<Utc>,
-    elapsed: Duration,
-    cost_usd: f64,
-    summary: String,
-) -> ToolResult {
-    let call = &work.call;
-    let status = outcome.status();
-    let error = match &outcome {
-        ToolOutcome::Ok { .. } => None,
-        ToolOutcome::Failed { code, .. } => Some(code.clone()),
-        ToolOutcome::Skipped { reason, .. } => Some(reason.as_str().to_owned()),
-        ToolOutcome::Interrupted => Some("interrupted".to_owned()),
-    };
-    let config = &shared.chain.config;
-    let newly_blocked =
-        work.ledger.record(work.turn, &call.name, &call.call_id, &call.args, status, error.as_deref(), config);
-    let new_documents = match &outcome {
-        ToolOutcome::Ok { fragments, .. } => work.ledger.add_documents(fragments),
-        _ => Vec::new(),
-    };
-    let duration_ms = if matches!(outcome, ToolOutcome::Skipped { .. }) { 0 } else { elapsed.as_millis() as u64 };
-    match &outcome {
-        ToolOutcome::Skipped { reason, .. } => metrics::tool_skipped(&call.name, reason.as_str()),
-        _ => metrics::tool_call(&call.name, status.as_str(), elapsed),
-    }
-    if newly_blocked {
-        metrics::tool_blocked(&call.name);
-    }
-    debug!(run_id = %work.run_id, tool = %call.name, status = status.as_str(), duration_ms, "tool call finished");
-    let record = ToolExecutionRecord {
-        run: work.run_id,
-        turn: work.turn,
-        call_id: call.call_id.clone(),
-        tool: call.name.clone(),
-        args: call.args.clone(),
-        started_at,
-        duration_ms,
-        cost_usd,
-        result_summary: summarize(&outcome),
-        fragments_added: new_documents.len(),
-        status,
-        error,
-    };
-    ToolResult {
-        turn: work.turn,
-        index: work.index,
-        call: call.clone(),
-        outcome,
-        record,
-        newly_blocked,
-        new_documents,
-        summary,
-    }
-}
-
-/// At most 200 characters of the outcome's model text.
-fn summarize(outcome: &ToolOutcome) -> String {
-    let text = outcome.to_model_text();
-    match text.char_indices().nth(200) {
-        Some((cut, _)) => format!("{}…", &text[..cut]),
-        None => text,
-    }
 }

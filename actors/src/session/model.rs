@@ -1,0 +1,241 @@
+//! A model call and its stream: a turn starts (budget check, `turn_start`), the
+//! call is offloaded to a task that streams the reply back through a
+//! [`DeltaInbox`], and the reply's calls become the turn's tool calls (or, with
+//! none, the turn goes to review).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::StreamExt;
+use ractor::{ActorProcessingErr, ActorRef};
+
+use crate::llm::{Message, ModelChunk, ModelClient, ModelDelta, ModelError, ModelReply, Role};
+use crate::metrics;
+use crate::protocol::{EventKind, RunStatus, ToolCall};
+use crate::session::prompt;
+use crate::session::state::{AbortOnDrop, DeltaInbox, Live, Phase, ToolTurn};
+use crate::session::{Session, SessionMsg};
+use crate::shared::over_budget;
+use crate::store::StoreWrite;
+
+impl Session {
+    /// Starts turn `turn`: budget check, `turn_start`, commit, model call.
+    pub(super) async fn start_turn(
+        &self,
+        myself: &ActorRef<SessionMsg>,
+        live: &mut Live,
+        turn: u32,
+    ) -> Result<(), ActorProcessingErr> {
+        if let Some(reason) = over_budget(&live.run.limits, &live.run.usage) {
+            live.outbox.emit(EventKind::Error { code: "budget_exceeded".to_owned(), message: reason.clone() });
+            return self
+                .finish(myself, live, RunStatus::Failed, Some(format!("budget_exceeded: {reason}")), None)
+                .await;
+        }
+        live.run.turn = turn;
+        live.turn_clock = Instant::now();
+        live.outbox.emit(EventKind::TurnStart { turn });
+        live.outbox.write(StoreWrite::Progress { turn, usage: live.run.usage });
+        live.outbox.flush(&self.shared).await?;
+        self.call_model(myself, live, turn);
+        Ok(())
+    }
+
+    /// Offloads the model call of `turn`; its deltas and reply come back as messages.
+    pub(super) fn call_model(&self, myself: &ActorRef<SessionMsg>, live: &mut Live, turn: u32) {
+        let synthesis = turn > live.run.limits.max_turns;
+        let blocked = live.ledger.blocked_tools(turn);
+        let tools = prompt::offered_tools(&live.agent, &self.shared.pool.registry, &blocked);
+        let system = prompt::system_prompt(&live.agent, &tools, &self.shared.config.tool_docs);
+        // A note that no longer holds is replaced, also by one saying the state is empty.
+        let note = prompt::state_note(&live.plan, &blocked)
+            .or_else(|| prompt::last_note(&live.conversation).map(|_| prompt::EMPTY_STATE_NOTE.to_owned()));
+        if let Some(note) = note
+            && prompt::last_note(&live.conversation) != Some(note.as_str())
+        {
+            live.append_message(turn, Message::text(Role::System, note));
+        }
+        let request = prompt::build_request(system, &live.conversation, tools, synthesis, live.run.limits.max_turns);
+        let model = live.model.clone();
+        let limit = self.shared.config.model_timeout;
+        let done = ModelDoneGuard { session: myself.clone(), turn, started: Instant::now(), sent: false };
+        let task = tokio::spawn(async move {
+            let reply = stream_reply(model.as_ref(), request, &done.session, turn);
+            let result = tokio::time::timeout(limit, reply).await.unwrap_or(Err(ModelError::Timeout(limit)));
+            done.send(result);
+        });
+        live.model_task = Some(AbortOnDrop(task.abort_handle()));
+        live.phase = Phase::Model { turn, synthesis };
+    }
+
+    /// Commits the pieces of the reply that were waiting, adjacent pieces of the
+    /// same kind (text, reasoning) joined into one `assistant_delta`.
+    pub(super) async fn on_deltas(
+        &self,
+        live: &mut Live,
+        turn: u32,
+        deltas: Vec<ModelDelta>,
+    ) -> Result<(), ActorProcessingErr> {
+        if !matches!(live.phase, Phase::Model { turn: current, .. } if current == turn) {
+            return Ok(());
+        }
+        for (text, reasoning) in join_deltas(deltas) {
+            live.outbox.emit(EventKind::AssistantDelta { turn, text, reasoning });
+        }
+        live.outbox.flush(&self.shared).await?;
+        Ok(())
+    }
+
+    pub(super) async fn on_model_done(
+        &self,
+        myself: &ActorRef<SessionMsg>,
+        live: &mut Live,
+        turn: u32,
+        result: Result<ModelReply, ModelError>,
+        elapsed: std::time::Duration,
+    ) -> Result<(), ActorProcessingErr> {
+        let Phase::Model { turn: current, synthesis } = live.phase else {
+            return Ok(());
+        };
+        if current != turn {
+            return Ok(());
+        }
+        live.model_task = None;
+        let model_name = live.model.name().to_owned();
+        let reply = match result {
+            Ok(reply) => reply,
+            Err(error) => {
+                metrics::model_request(&model_name, "error", elapsed);
+                live.outbox.emit(EventKind::Error { code: error.code().to_owned(), message: error.to_string() });
+                return self.finish(myself, live, RunStatus::Failed, Some(format!("model error: {error}")), None).await;
+            }
+        };
+        metrics::model_request(&model_name, "ok", elapsed);
+        let usage = reply.usage;
+        metrics::model_usage(&model_name, usage.input_tokens, usage.output_tokens, usage.cost_usd);
+        live.run.usage.add(&usage);
+        live.outbox.emit(EventKind::TokenUsage { turn, usage, total: live.run.usage });
+        live.outbox.write(StoreWrite::Progress { turn, usage: live.run.usage });
+        for detail in &reply.decode_errors {
+            live.outbox.emit(EventKind::DecodeError { turn, detail: detail.clone() });
+        }
+        // The synthesis turn answers; any tool calls it makes anyway are ignored.
+        let calls = if synthesis { Vec::new() } else { unique_call_ids(turn, reply.tool_calls) };
+        let message =
+            Message { role: Role::Assistant, content: reply.content, tool_calls: calls.clone(), tool_call_id: None };
+        live.append_message(turn, message.clone());
+        if calls.is_empty() {
+            return self.request_review(myself, live, turn, Some(message.content), synthesis).await;
+        }
+        live.outbox.emit(EventKind::ToolRequests { turn, calls: calls.clone() });
+        live.phase = Phase::Tools(Box::new(ToolTurn::new(turn, calls)));
+        self.advance_tools(myself, live).await
+    }
+}
+
+/// Reports the end of a model call exactly once. Dropped unsent (the model client
+/// panicked, or the task was aborted), it reports a failure, so the session never
+/// waits forever for a reply.
+struct ModelDoneGuard {
+    session: ActorRef<SessionMsg>,
+    turn: u32,
+    started: Instant,
+    sent: bool,
+}
+
+impl ModelDoneGuard {
+    fn send(mut self, result: Result<ModelReply, ModelError>) {
+        self.sent = true;
+        let message = SessionMsg::ModelDone { turn: self.turn, result, elapsed: self.started.elapsed() };
+        let _ = self.session.cast(message);
+    }
+}
+
+impl Drop for ModelDoneGuard {
+    fn drop(&mut self) {
+        if !self.sent {
+            let message = SessionMsg::ModelDone {
+                turn: self.turn,
+                result: Err(ModelError::Crashed),
+                elapsed: self.started.elapsed(),
+            };
+            let _ = self.session.cast(message);
+        }
+    }
+}
+
+/// The calls with usable ids: the store and a resumed turn find a call by its id,
+/// so an empty or repeated id from the model is replaced by `call_{turn}_{index}`.
+fn unique_call_ids(turn: u32, mut calls: Vec<ToolCall>) -> Vec<ToolCall> {
+    let mut seen = std::collections::HashSet::new();
+    for (index, call) in calls.iter_mut().enumerate() {
+        if call.call_id.trim().is_empty() || !seen.insert(call.call_id.clone()) {
+            call.call_id = format!("call_{turn}_{index}");
+            seen.insert(call.call_id.clone());
+        }
+    }
+    calls
+}
+
+/// `deltas` as `(text, reasoning)`, adjacent pieces of the same kind joined.
+fn join_deltas(deltas: Vec<ModelDelta>) -> Vec<(String, bool)> {
+    let mut joined: Vec<(String, bool)> = Vec::new();
+    for delta in deltas {
+        let (text, reasoning) = match delta {
+            ModelDelta::Text(text) => (text, false),
+            ModelDelta::Reasoning(text) => (text, true),
+        };
+        match joined.last_mut() {
+            Some((last, kind)) if *kind == reasoning => last.push_str(&text),
+            _ => joined.push((text, reasoning)),
+        }
+    }
+    joined
+}
+
+/// Reads a model stream to its end, leaving its deltas in an inbox for the
+/// session (see [`DeltaInbox`]).
+async fn stream_reply(
+    model: &dyn ModelClient,
+    request: crate::llm::ChatRequest,
+    session: &ActorRef<SessionMsg>,
+    turn: u32,
+) -> Result<ModelReply, ModelError> {
+    let mut stream = model.chat(request).await?;
+    // Made at the first piece: a call that streams none (or has not yet) holds none.
+    let mut inbox: Option<Arc<DeltaInbox>> = None;
+    while let Some(chunk) = stream.next().await {
+        match chunk? {
+            ModelChunk::Delta(delta) => {
+                let inbox = inbox.get_or_insert_default();
+                if inbox.put(delta) {
+                    let _ = session.cast(SessionMsg::ModelDeltas { turn, inbox: inbox.clone() });
+                }
+            }
+            ModelChunk::Done(reply) => return Ok(reply),
+        }
+    }
+    Err(ModelError::Incomplete)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn adjacent_deltas_of_one_kind_are_joined_and_kinds_keep_their_order() {
+        let deltas = vec![
+            ModelDelta::Reasoning("think".to_owned()),
+            ModelDelta::Reasoning("ing".to_owned()),
+            ModelDelta::Text("An".to_owned()),
+            ModelDelta::Reasoning("more".to_owned()),
+            ModelDelta::Text("swer".to_owned()),
+            ModelDelta::Text("".to_owned()),
+            ModelDelta::Text(" ✓".to_owned()),
+        ];
+        let joined = join_deltas(deltas);
+        let expected = [("thinking", true), ("An", false), ("more", true), ("swer ✓", false)];
+        assert_eq!(joined, expected.map(|(text, reasoning)| (text.to_owned(), reasoning)));
+        assert!(join_deltas(Vec::new()).is_empty());
+    }
+}

@@ -1,0 +1,192 @@
+//! What a call's result does to the turn: it is booked (events, record,
+//! message, documents) and counted, and after the turn's last result the turn
+//! parks for a human or goes to review. Calls the session answers itself are
+//! booked through [`Answered`].
+
+use chrono::{DateTime, Utc};
+use ractor::{ActorProcessingErr, ActorRef};
+
+use crate::builtin::BuiltinTool;
+use crate::llm::Message;
+use crate::protocol::{EventKind, ToolCall, ToolExecutionRecord, ToolOutcome};
+use crate::reviewer::CallSummary;
+use crate::session::prompt;
+use crate::session::state::{Live, Phase, ToolTurn, tools_mut};
+use crate::session::{Session, SessionMsg};
+use crate::store::{StoreWrite, StoredMessage};
+use crate::tool_pool::ToolResult;
+
+/// A call the session answered itself, to be booked like a pool's result.
+pub(super) struct Answered {
+    /// The turn.
+    pub(super) turn: u32,
+    /// The call's position in the turn.
+    pub(super) index: usize,
+    /// The call.
+    pub(super) call: ToolCall,
+    /// The answer.
+    pub(super) outcome: ToolOutcome,
+    /// When the session took it up.
+    pub(super) started_at: DateTime<Utc>,
+    /// How long answering it took.
+    pub(super) duration_ms: u64,
+}
+
+impl Answered {
+    /// A call answered at once: it starts now and takes no time.
+    pub(super) fn now(turn: u32, index: usize, call: ToolCall, outcome: ToolOutcome) -> Self {
+        Self { turn, index, call, outcome, started_at: Utc::now(), duration_ms: 0 }
+    }
+}
+
+impl Session {
+    /// Books the results of calls that ended (those of another turn, or of a call
+    /// already answered, are dropped), then carries the turn on: the results are
+    /// committed together, with the `started` records of any calls dispatched next.
+    pub(super) async fn on_tools_done(
+        &self,
+        myself: &ActorRef<SessionMsg>,
+        live: &mut Live,
+        results: Vec<ToolResult>,
+    ) -> Result<(), ActorProcessingErr> {
+        let mut booked = false;
+        for result in results {
+            let Phase::Tools(tools) = &mut live.phase else {
+                return Ok(());
+            };
+            if tools.turn != result.turn || tools.results.get(result.index).is_none_or(Option::is_some) {
+                continue;
+            }
+            tools.in_flight = tools.in_flight.saturating_sub(1);
+            self.record_result(live, result);
+            booked = true;
+        }
+        if !booked {
+            return Ok(());
+        }
+        self.advance_tools(myself, live).await
+    }
+
+    /// Books a finished call: its events, record, message and documents.
+    pub(super) fn record_result(&self, live: &mut Live, result: ToolResult) {
+        let ToolResult { turn, index, call, outcome, record, newly_blocked, new_documents, summary } = result;
+        match &outcome {
+            ToolOutcome::Skipped { reason, detail } => live.outbox.emit(EventKind::ToolSkipped {
+                turn,
+                call_id: call.call_id.clone(),
+                tool: call.name.clone(),
+                reason: *reason,
+                detail: detail.clone(),
+            }),
+            _ => live.outbox.emit(EventKind::ToolCallEnd {
+                turn,
+                call_id: call.call_id.clone(),
+                tool: call.name.clone(),
+                status: record.status,
+                duration_ms: record.duration_ms,
+                summary: record.result_summary.clone(),
+            }),
+        }
+        live.outbox.emit(EventKind::ReasoningStep { turn, summary });
+        if newly_blocked {
+            let threshold = self.shared.config.hooks.failure_threshold;
+            live.outbox.emit(EventKind::ReasoningStep {
+                turn,
+                summary: format!("{} is blocked after {threshold} failures", call.name),
+            });
+        }
+        live.outbox.emit(EventKind::ToolMetric { record: Box::new(record.clone()) });
+        live.outbox.write(StoreWrite::ToolExecution(record.clone()));
+        if !new_documents.is_empty() {
+            live.outbox.write(StoreWrite::Documents(new_documents));
+        }
+        if let ToolOutcome::Ok { value, .. } = &outcome {
+            live.labels.absorb(value);
+        }
+        let message = Message::tool_result(call.call_id.clone(), outcome.to_model_text());
+        live.outbox.write(StoreWrite::Message(StoredMessage { turn, message: message.clone() }));
+        let skip = match &outcome {
+            ToolOutcome::Skipped { reason, .. } => Some(*reason),
+            _ => None,
+        };
+        if let Some(tools) = tools_mut(live)
+            && index < tools.calls.len()
+        {
+            tools.results[index] = Some(CallSummary { tool: call.name, status: record.status.as_str(), skip });
+            tools.messages[index] = Some(message);
+        }
+    }
+
+    /// The result of a call the session answered itself.
+    pub(super) fn builtin_result(&self, live: &Live, answered: Answered) -> ToolResult {
+        let Answered { turn, index, call, outcome, started_at, duration_ms } = answered;
+        let summary = match (&outcome, BuiltinTool::from_name(&call.name)) {
+            (ToolOutcome::Ok { .. }, Some(BuiltinTool::TodoWrite)) => {
+                format!("Updated the plan (version {})", live.plan.version)
+            }
+            (ToolOutcome::Ok { .. }, _) => "Received the user's answer".to_owned(),
+            (_, _) => format!("{} was rejected", call.name),
+        };
+        let status = outcome.status();
+        let error = match &outcome {
+            ToolOutcome::Failed { code, .. } => Some(code.clone()),
+            ToolOutcome::Skipped { reason, .. } => Some(reason.as_str().to_owned()),
+            _ => None,
+        };
+        let record = ToolExecutionRecord {
+            run: live.run.run_id,
+            turn,
+            call_id: call.call_id.clone(),
+            tool: call.name.clone(),
+            args: call.args.clone(),
+            started_at,
+            duration_ms,
+            cost_usd: 0.0,
+            result_summary: outcome.to_model_text().chars().take(200).collect(),
+            fragments_added: 0,
+            status,
+            error,
+        };
+        ToolResult { turn, index, call, outcome, record, newly_blocked: false, new_documents: Vec::new(), summary }
+    }
+
+    /// After the last call of a turn: park for `ask_user` or approvals, or ask
+    /// for the review.
+    pub(super) async fn maybe_end_tools(
+        &self,
+        myself: &ActorRef<SessionMsg>,
+        live: &mut Live,
+    ) -> Result<(), ActorProcessingErr> {
+        let Phase::Tools(tools) = &live.phase else {
+            return Ok(());
+        };
+        if tools.next < tools.calls.len() || tools.in_flight > 0 {
+            return Ok(());
+        }
+        let question = tools.ask.filter(|ask| tools.results[*ask].is_none());
+        if question.is_some() || !tools.awaiting.is_empty() {
+            let prompt = waiting_prompt(tools, question);
+            return self.park(myself, live, prompt).await;
+        }
+        let turn = tools.turn;
+        let messages: Vec<Message> = tools.messages.iter().flatten().cloned().collect();
+        live.conversation.extend(messages);
+        self.request_review(myself, live, turn, None, false).await
+    }
+}
+
+/// What a parked turn waits for: the answer to its question (`question`: the
+/// `ask_user` call), or decisions on the calls awaiting approval.
+fn waiting_prompt(tools: &ToolTurn, question: Option<usize>) -> String {
+    match question {
+        Some(ask) => prompt::ask_user_question(&tools.calls[ask].args).unwrap_or_default(),
+        None => {
+            let waiting: Vec<String> = tools
+                .awaiting
+                .iter()
+                .map(|index| format!("{} ({})", tools.calls[*index].name, tools.calls[*index].call_id))
+                .collect();
+            format!("approve or reject: {}", waiting.join(", "))
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! A call and its result: the [`WorkItem`] a worker runs, the [`ToolResult`] it
+//! reports, and how a finished call is booked ([`finish`], [`book`]) — by a
+//! worker, by the pool for a call whose worker crashed, and by a reply dropped
+//! unanswered.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio_util::sync::CancellationToken;
+use tracing::debug;
+
+use crate::hooks::{HookChain, RunLedger};
+use crate::metrics;
+use crate::protocol::{Fragment, RunId, ToolCall, ToolExecutionRecord, ToolOutcome};
+use crate::tool::ToolRegistry;
+
+/// A call to execute, as the worker sees it.
+#[derive(Clone)]
+pub struct WorkItem {
+    /// The run.
+    pub run_id: RunId,
+    /// The turn.
+    pub turn: u32,
+    /// The call's position in the turn, part of its idempotency key.
+    pub index: usize,
+    /// The call as the model asked for it.
+    pub call: ToolCall,
+    /// The run's hook state.
+    pub ledger: Arc<RunLedger>,
+    /// The run's cancellation.
+    pub cancel: CancellationToken,
+}
+
+/// The result of one call, with everything the session commits.
+#[derive(Debug, Clone)]
+pub struct ToolResult {
+    /// The turn.
+    pub turn: u32,
+    /// The call's position in the turn.
+    pub index: usize,
+    /// The call as the model asked for it.
+    pub call: ToolCall,
+    /// What became of it.
+    pub outcome: ToolOutcome,
+    /// Its telemetry.
+    pub record: ToolExecutionRecord,
+    /// Whether this call got its tool blocked.
+    pub newly_blocked: bool,
+    /// Documents first seen in this result.
+    pub new_documents: Vec<Fragment>,
+    /// A short human line for the `reasoning_step` event.
+    pub summary: String,
+}
+
+/// What every worker shares: the tools, the hooks and the default time limit.
+pub struct PoolShared {
+    /// The tools.
+    pub registry: ToolRegistry,
+    /// The hook chain.
+    pub chain: HookChain,
+    /// Time limit for tools that set none.
+    pub default_timeout: Duration,
+    /// Configured time limits by tool name, ahead of the tool's own.
+    pub timeouts: HashMap<String, Duration>,
+}
+
+/// The deterministic idempotency key of call `index` of `turn`.
+pub fn idempotency_key(run_id: RunId, turn: u32, index: usize) -> String {
+    format!("{run_id}:{turn}:{index}")
+}
+
+/// Books a finished call (rule 5 of the hook chain) and builds its result. Also used
+/// by the pool for calls whose worker crashed.
+pub fn finish(
+    shared: &PoolShared,
+    work: &WorkItem,
+    outcome: ToolOutcome,
+    started_at: DateTime<Utc>,
+    elapsed: Duration,
+    cost_usd: f64,
+) -> ToolResult {
+    let summary = match shared.registry.get(&work.call.name) {
+        Some(registered) => crate::tool::describe_end(registered.tool.as_ref(), &outcome),
+        None => format!("{} is not a known tool", work.call.name),
+    };
+    book(shared, work, outcome, started_at, elapsed, cost_usd, summary)
+}
+
+/// Books a call without running any of the tool's code (its summary is given).
+/// Safe inside `Drop`.
+pub fn book(
+    shared: &PoolShared,
+    work: &WorkItem,
+    outcome: ToolOutcome,
+    started_at: DateTime<Utc>,
+    elapsed: Duration,
+    cost_usd: f64,
+    summary: String,
+) -> ToolResult {
+    let call = &work.call;
+    let status = outcome.status();
+    let error = match &outcome {
+        ToolOutcome::Ok { .. } => None,
+        ToolOutcome::Failed { code, .. } => Some(code.clone()),
+        ToolOutcome::Skipped { reason, .. } => Some(reason.as_str().to_owned()),
+        ToolOutcome::Interrupted => Some("interrupted".to_owned()),
+    };
+    let config = &shared.chain.config;
+    let newly_blocked =
+        work.ledger.record(work.turn, &call.name, &call.call_id, &call.args, status, error.as_deref(), config);
+    let new_documents = match &outcome {
+        ToolOutcome::Ok { fragments, .. } => work.ledger.add_documents(fragments),
+        _ => Vec::new(),
+    };
+    let duration_ms = if matches!(outcome, ToolOutcome::Skipped { .. }) { 0 } else { elapsed.as_millis() as u64 };
+    match &outcome {
+        ToolOutcome::Skipped { reason, .. } => metrics::tool_skipped(&call.name, reason.as_str()),
+        _ => metrics::tool_call(&call.name, status.as_str(), elapsed),
+    }
+    if newly_blocked {
+        metrics::tool_blocked(&call.name);
+    }
+    debug!(run_id = %work.run_id, tool = %call.name, status = status.as_str(), duration_ms, "tool call finished");
+    let record = ToolExecutionRecord {
+        run: work.run_id,
+        turn: work.turn,
+        call_id: call.call_id.clone(),
+        tool: call.name.clone(),
+        args: call.args.clone(),
+        started_at,
+        duration_ms,
+        cost_usd,
+        result_summary: summarize(&outcome),
+        fragments_added: new_documents.len(),
+        status,
+        error,
+    };
+    ToolResult {
+        turn: work.turn,
+        index: work.index,
+        call: call.clone(),
+        outcome,
+        record,
+        newly_blocked,
+        new_documents,
+        summary,
+    }
+}
+
+/// At most 200 characters of the outcome's model text.
+fn summarize(outcome: &ToolOutcome) -> String {
+    let text = outcome.to_model_text();
+    match text.char_indices().nth(200) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text,
+    }
+}
