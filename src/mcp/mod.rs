@@ -3,8 +3,10 @@
 //! - `config.rs`: the `[mcp]` section and its checks.
 //! - `supervisor.rs`: one task per server keeps it connected (stdio child or
 //!   streamable HTTP), reconnects with backoff and refreshes its tool list.
-//! - `tool.rs`: [`McpTool`], one server tool as a troupe `Tool`; naming
-//!   (`server__tool`), argument validation, results.
+//! - `listing.rs`: a server's tool list: naming (`server__tool`), definitions,
+//!   compiled schemas.
+//! - `tool.rs`: [`McpTool`], one server tool as a troupe `Tool`: argument
+//!   validation, the call, results.
 //!
 //! rmcp (pinned `~3.9`, whose majors churn) is used only inside this module.
 //! [`McpHub`] is what the binary sees: start the servers, register their tools,
@@ -13,6 +15,7 @@
 //! the failure hook like any failing tool) until the supervisor reconnects.
 
 mod config;
+mod listing;
 mod supervisor;
 mod tool;
 
@@ -25,8 +28,9 @@ use troupe_actors::config::AgentConfig;
 use troupe_actors::tool::{RegistryError, ToolRegistry};
 
 pub use config::{McpConfig, McpConfigError, McpServerConfig, TransportKind};
+pub use listing::{SEPARATOR, exposed_name};
 pub use supervisor::ServerStatus;
-pub use tool::{McpTool, SEPARATOR, exposed_name};
+pub use tool::McpTool;
 
 use crate::mcp::supervisor::ServerShared;
 

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::mcp::config::{ServerSpec, Transport};
-use crate::mcp::tool::{ToolSet, tool_set};
+use crate::mcp::listing::{ToolSet, tool_set};
 
 /// How long a closing connection may take (rmcp gives a child 3 s after closing
 /// its stdin, then 3 s after SIGTERM, then kills it) before it is dropped, which

@@ -14,15 +14,16 @@ use axum::{Extension, Json, Router};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use troupe_actors::protocol::{Limits, RunId, RunSpec, RunStatus};
+use troupe_actors::protocol::{Limits, RunSpec, RunStatus};
 use troupe_actors::store::{RunQuery, RunRecord};
 use troupe_actors::{RunInput, SubmitRequest};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{IntoParams, Modify, OpenApi, ToSchema};
 
-use super::auth::{Tenant, require_tenant};
+use super::auth::Tenant;
 use super::error::{ApiError, ErrorBody};
-use super::{AppState, sse, telemetry};
+use super::state::{AppState, owned_run, require_tenant};
+use super::{sse, telemetry};
 
 /// Longest listing.
 const MAX_LIST: usize = 500;
@@ -100,16 +101,6 @@ async fn deadline(State(state): State<AppState>, request: Request, next: Next) -
         response.headers_mut().insert(axum::http::header::RETRY_AFTER, seconds);
     }
     response
-}
-
-/// The run `id` if it exists and belongs to `tenant`; 404 otherwise (also for
-/// an id that is not a run id).
-pub(super) async fn owned_run(state: &AppState, tenant: &str, id: &str) -> Result<RunRecord, ApiError> {
-    let run_id: RunId = id.parse().map_err(|_| ApiError::run_not_found())?;
-    match state.inner.runtime.get(run_id).await? {
-        Some(run) if run.tenant == tenant => Ok(run),
-        _ => Err(ApiError::run_not_found()),
-    }
 }
 
 /// A run to start.

@@ -3,15 +3,8 @@
 //! with every known hash in constant time, so neither timing nor the order of the
 //! list tells anything about a token.
 
-use axum::extract::{Request, State};
-use axum::http::header;
-use axum::middleware::Next;
-use axum::response::Response;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
-
-use super::AppState;
-use super::error::ApiError;
 
 /// Who may call the API (`[auth]`).
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
@@ -121,19 +114,6 @@ impl Auth {
             }
         }
         found.cloned()
-    }
-}
-
-/// Middleware: 401 unless the request carries a known token; the tenant goes in
-/// the request's extensions.
-pub async fn require_tenant(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
-    let header = request.headers().get(header::AUTHORIZATION).and_then(|value| value.to_str().ok());
-    match state.inner.auth.tenant(header) {
-        Some(tenant) => {
-            request.extensions_mut().insert(Tenant(tenant));
-            next.run(request).await
-        }
-        None => axum::response::IntoResponse::into_response(ApiError::unauthorized()),
     }
 }
 

@@ -10,8 +10,7 @@ use troupe_actors::protocol::{EventKind, RunEvent, RunId};
 use troupe_actors::rfc3339::{Fraction, push_time};
 use troupe_actors::store::StoreError;
 
-use crate::store::group::Text;
-use crate::store::parse;
+use crate::store::sql::{Text, parse};
 
 /// A stored time: RFC 3339 in UTC with a fixed width (microseconds, `Z`), so that
 /// comparing the text compares the times (retention relies on it).

@@ -6,7 +6,9 @@
 //! Writes (run creations and commits) go through one writer task per store
 //! (`writer.rs`), which commits every write pending at the time in one transaction
 //! (group commit) and answers each caller after it committed; `group.rs` checks
-//! and merges a group in memory. Reads use the pool. On SQLite a write transaction
+//! and merges a group in memory, `read.rs` reads the runs a group commits to,
+//! `binding.rs` builds its multi-row statements, `encode.rs` encodes events and
+//! times, and `sql.rs` holds what these files share (the pool, column access). Reads use the pool. On SQLite a write transaction
 //! begins `IMMEDIATE` (no upgrade deadlocks). The writer keeps the committed row of
 //! every unfinished run, so a group reads only the runs it does not know yet (and
 //! not those it creates), and
@@ -19,19 +21,21 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use serde::de::DeserializeOwned;
-use sqlx::postgres::{PgPoolOptions, PgRow};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
-use sqlx::{PgPool, Row, SqlitePool};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use troupe_actors::protocol::{Plan, RunEvent, RunId};
 use troupe_actors::store::{Commit, RunQuery, RunRecord, RunSnapshot, RunStore, StoreError};
 
 use crate::store::encode::{read_batch, stamp};
 use crate::store::group::Job;
+use crate::store::sql::{Columns, Pool, backend, parse, time};
 use crate::store::writer::Writer;
 
+mod binding;
 mod encode;
 mod group;
+mod read;
+mod sql;
 mod writer;
 
 /// Migrations, in order, per backend.
@@ -72,15 +76,6 @@ async fn checkpoint_at_wal_size(connection: &mut sqlx::SqliteConnection) -> Resu
     let sql = format!("PRAGMA wal_autocheckpoint = {pages}");
     sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&mut *connection).await?;
     Ok(())
-}
-
-/// Statuses of runs that have ended (what retention may delete).
-const TERMINAL: [&str; 3] = ["succeeded", "failed", "cancelled"];
-
-#[derive(Clone)]
-enum Pool {
-    Sqlite(SqlitePool),
-    Postgres(PgPool),
 }
 
 /// Runs the same code against either backend: `$pool` is the backend's pool and
@@ -127,20 +122,6 @@ fn already_owned(what: &str) -> StoreError {
     StoreError::Backend(format!(
         "another troupe process is using {what}; one process drives a store at a time (stop it, or use another store)"
     ))
-}
-
-fn backend(error: sqlx::Error) -> StoreError {
-    StoreError::Backend(error.to_string())
-}
-
-fn parse<T: DeserializeOwned>(text: &str) -> Result<T, StoreError> {
-    serde_json::from_str(text).map_err(|error| StoreError::Backend(format!("cannot decode a stored row: {error}")))
-}
-
-fn time(text: &str) -> Result<DateTime<Utc>, StoreError> {
-    DateTime::parse_from_rfc3339(text)
-        .map(|time| time.with_timezone(&Utc))
-        .map_err(|error| StoreError::Backend(format!("bad stored time {text:?}: {error}")))
 }
 
 impl SqlStore {
@@ -277,31 +258,6 @@ impl SqlStore {
         })
     }
 }
-
-/// Typed column access shared by both backends' rows.
-trait Columns {
-    fn text(&self, column: &str) -> Result<String, StoreError>;
-    fn optional(&self, column: &str) -> Result<Option<String>, StoreError>;
-    fn int(&self, column: &str) -> Result<i64, StoreError>;
-}
-
-macro_rules! columns_for {
-    ($row:ty) => {
-        impl Columns for $row {
-            fn text(&self, column: &str) -> Result<String, StoreError> {
-                self.try_get(column).map_err(backend)
-            }
-            fn optional(&self, column: &str) -> Result<Option<String>, StoreError> {
-                self.try_get(column).map_err(backend)
-            }
-            fn int(&self, column: &str) -> Result<i64, StoreError> {
-                self.try_get(column).map_err(backend)
-            }
-        }
-    };
-}
-columns_for!(SqliteRow);
-columns_for!(PgRow);
 
 /// The columns of a `runs` row, decoded.
 fn run_from_row(row: &impl Columns) -> Result<RunRecord, StoreError> {
@@ -481,6 +437,8 @@ impl RunStore for SqlStore {
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
+
+    use sqlx::SqlitePool;
 
     use super::*;
 

@@ -20,9 +20,11 @@ use tokio::sync::{mpsc, oneshot};
 use troupe_actors::protocol::RunId;
 use troupe_actors::store::StoreError;
 
+use crate::store::binding::{Binder, arguments_for, chunk_len, values_sql};
 use crate::store::encode::stamp;
-use crate::store::group::{EventRow, Fixed, GroupWrite, Job, Map, Progress, RunState, Slot, Text, plan};
-use crate::store::{Columns, Pool, TERMINAL, backend};
+use crate::store::group::{EventRow, Fixed, GroupWrite, Job, Progress, RunState, Slot, plan};
+use crate::store::read::{read_postgres, read_sqlite, state_from_row};
+use crate::store::sql::{Columns, Map, Pool, TERMINAL, Text, backend};
 
 /// At most this many jobs share a transaction, by backend. On SQLite, groups of
 /// 256 cost less CPU per commit than groups of 1,024 (1 – 7 µs a turn less in
@@ -32,10 +34,6 @@ use crate::store::{Columns, Pool, TERMINAL, backend};
 /// trip per statement and an fsync, smaller groups were no better.
 const MAX_GROUP_SQLITE: usize = 256;
 const MAX_GROUP_POSTGRES: usize = 1024;
-
-/// At most this many rows per statement (a power of two). With 18 columns at most,
-/// far under SQLite's limit of bound parameters (32,766) and PostgreSQL's (65,535).
-const MAX_ROWS: usize = 64;
 
 /// At most about this many bytes of values per PostgreSQL statement (see
 /// [`chunk_len`]): one TLS record with room for the statement's other messages.
@@ -184,54 +182,6 @@ macro_rules! insert_rows {
             sqlx::query_with(sqlx::AssertSqlSafe(sql), arguments).execute(&mut *$tx).await.map_err(backend)?;
         }
     }};
-}
-
-/// Binds one row's values, in order, to a statement's arguments.
-struct Binder<'a, A> {
-    arguments: &'a mut A,
-    /// The first value that could not be encoded; the statement is not run.
-    error: Option<sqlx::error::BoxDynError>,
-}
-
-impl<A: Arguments> Binder<'_, A> {
-    fn push_bind<'t, T: sqlx::Encode<'t, A::Database> + sqlx::Type<A::Database>>(&mut self, value: T) -> &mut Self {
-        if let Err(error) = self.arguments.add(value) {
-            self.error.get_or_insert(error);
-        }
-        self
-    }
-}
-
-/// Empty arguments of the backend of `_tx`.
-fn arguments_for<DB: sqlx::Database>(_tx: &sqlx::Transaction<'_, DB>) -> DB::Arguments {
-    Default::default()
-}
-
-/// `head VALUES (…), (…)tail` with `rows` rows of `columns` placeholders: `?` on
-/// SQLite, `$1`, `$2`… on PostgreSQL.
-fn values_sql(head: &str, tail: &str, columns: usize, rows: usize, postgres: bool) -> String {
-    let mut sql = String::with_capacity(head.len() + tail.len() + 8 + rows * columns * 6);
-    sql.push_str(head);
-    sql.push_str("VALUES ");
-    let mut number = 0;
-    for row in 0..rows {
-        sql.push_str(if row == 0 { "(" } else { ", (" });
-        for column in 0..columns {
-            if column > 0 {
-                sql.push_str(", ");
-            }
-            number += 1;
-            if postgres {
-                sql.push('$');
-                sql.push_str(&number.to_string());
-            } else {
-                sql.push('?');
-            }
-        }
-        sql.push(')');
-    }
-    sql.push_str(tail);
-    sql
 }
 
 /// Writes every row of a planned group inside `$tx`: new runs, changed runs (one
@@ -524,42 +474,6 @@ async fn write_group(
     }
 }
 
-/// The columns of a run the writer reads (see [`state_from_row`]).
-const READ_COLUMNS: &str = "run_key, run_id, tenant, status, reason, turn, usage, final_output, last_seq, \
-                            message_count, tool_count, document_count, updated_at";
-
-/// The stored runs among `ids`, on SQLite: `IN` over the unique index on `run_id`.
-async fn read_sqlite(
-    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
-    ids: &[&Text],
-) -> Result<Vec<sqlx::sqlite::SqliteRow>, StoreError> {
-    let mut select = sqlx::QueryBuilder::new(format!("SELECT {READ_COLUMNS} FROM runs_now WHERE run_id IN ("));
-    let mut list = select.separated(", ");
-    for id in ids {
-        list.push_bind(Text::clone(id));
-    }
-    select.push(")");
-    select.build().fetch_all(&mut **tx).await.map_err(backend)
-}
-
-/// The stored runs among `ids`, on PostgreSQL: one index lookup per id. With
-/// `run_id IN (…)` the planner estimated a sequential scan of `runs` cheaper for a
-/// few hundred ids on a table of some thousands of runs, which made every group
-/// slower as the table grew (2.7 ms a read at 8,000 runs, against 0.4 ms this
-/// way); the `LIMIT` keeps the lateral subquery from being flattened into a join
-/// the planner could turn back into that scan.
-async fn read_postgres(
-    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
-    ids: &[&Text],
-) -> Result<Vec<sqlx::postgres::PgRow>, StoreError> {
-    let ids: Vec<&str> = ids.iter().map(|id| &***id).collect();
-    let sql = format!(
-        "SELECT now.* FROM unnest($1::text[]) AS wanted (id) \
-         CROSS JOIN LATERAL (SELECT {READ_COLUMNS} FROM runs_now WHERE run_id = wanted.id LIMIT 1) now"
-    );
-    sqlx::query(sqlx::AssertSqlSafe(sql)).bind(ids).fetch_all(&mut **tx).await.map_err(backend)
-}
-
 /// Keeps the committed state of every run a group wrote, and forgets the runs
 /// that ended (no commit can change them again).
 fn remember(known: &mut Known, rows: GroupWrite) {
@@ -576,45 +490,8 @@ fn remember(known: &mut Known, rows: GroupWrite) {
     }
 }
 
-/// How many of the `remaining` rows (not empty) the next statement takes: the
-/// largest power of two up to [`MAX_ROWS`] whose rows fit in `limit` bytes (by
-/// `size`, plus a margin per row), or one row.
-///
-/// The byte limit is for PostgreSQL: sqlx does not set `TCP_NODELAY`, and a
-/// statement whose message spans two TLS records (16 KiB each) or two segments
-/// waits out the server's delayed ACK (40 ms) on Nagle's algorithm; 500-row
-/// inserts ran at 0.7 ms a row that way.
-fn chunk_len<R>(remaining: &[R], size: impl Fn(&R) -> usize, limit: usize) -> usize {
-    let mut rows = 1 << remaining.len().min(MAX_ROWS).ilog2();
-    while rows > 1 && remaining[..rows].iter().map(|row| size(row) + 64).sum::<usize>() > limit {
-        rows /= 2;
-    }
-    rows
-}
-
 /// When a run ended (what retention ages it by): the time of the commit that gave
 /// it a terminal status; `None` while it has not ended.
 fn ended_at(state: &RunState) -> Option<Text> {
     TERMINAL.contains(&&*state.status).then(|| state.updated_at.clone())
-}
-
-/// The mutable columns of a `runs` row.
-fn state_from_row(row: &impl Columns) -> Result<RunState, StoreError> {
-    let text = |column: &str| row.text(column).map(Text::from);
-    let optional = |column: &str| row.optional(column).map(|text| text.map(Text::from));
-    let int = |column: &str| row.int(column);
-    Ok(RunState {
-        key: int("run_key")?,
-        tenant: text("tenant")?,
-        status: text("status")?,
-        reason: optional("reason")?,
-        turn: int("turn")?,
-        usage: text("usage")?,
-        final_output: optional("final_output")?,
-        last_seq: int("last_seq")?,
-        message_count: int("message_count")?,
-        tool_count: int("tool_count")?,
-        document_count: int("document_count")?,
-        updated_at: text("updated_at")?,
-    })
 }

@@ -150,7 +150,7 @@ impl HttpFetch {
 
     /// The request the arguments describe, checked.
     fn request(&self, args: &Value) -> Result<reqwest::Request, ToolError> {
-        let args: FetchArgs = super::parse_args(args.clone())?;
+        let args: FetchArgs = crate::tools::args::parse_args(args.clone())?;
         let url_text = args.url.as_str();
         if url_text.len() > MAX_URL {
             return Err(ToolError::failed("invalid_url", format!("the URL is longer than {MAX_URL} bytes")));
@@ -251,7 +251,7 @@ impl Tool for HttpFetch {
     }
 
     fn parameters(&self) -> Value {
-        super::schema_of::<FetchArgs>()
+        troupe_actors::tool::schema_of::<FetchArgs>()
     }
 
     fn timeout(&self) -> Option<Duration> {

@@ -40,7 +40,7 @@ impl Tool for Journal {
     }
 
     fn parameters(&self) -> Value {
-        super::schema_of::<Args>()
+        troupe_actors::tool::schema_of::<Args>()
     }
 
     fn describe_start(&self, _args: &Value) -> String {
@@ -48,7 +48,7 @@ impl Tool for Journal {
     }
 
     async fn call(&self, context: ToolContext, args: Value) -> Result<ToolOutput, ToolError> {
-        let Args { text } = super::parse_args(args)?;
+        let Args { text } = crate::tools::args::parse_args(args)?;
         let text = text.replace(['\n', '\r', '\t'], " ");
         let line = format!("{}\t{}\t{text}\n", chrono::Utc::now().to_rfc3339(), context.idempotency_key);
         let path = self.path.clone();

@@ -1,5 +1,6 @@
 //! Built-in tools of the `troupe` binary.
 
+mod args;
 pub mod guide;
 mod http_fetch;
 mod journal;
@@ -9,7 +10,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use serde::Deserialize;
-use troupe_actors::tool::{RegistryError, ToolError, ToolRegistry};
+use troupe_actors::tool::{RegistryError, ToolRegistry};
 
 pub use http_fetch::{HttpFetch, HttpFetchConfig};
 pub use journal::Journal;
@@ -34,12 +35,8 @@ impl Default for ToolsConfig {
     }
 }
 
+pub use args::parse_args;
 pub use troupe_actors::tool::schema_of;
-
-/// Arguments of type `T` from a call's JSON, or the reason they do not fit.
-pub fn parse_args<T: serde::de::DeserializeOwned>(args: serde_json::Value) -> Result<T, ToolError> {
-    serde_json::from_value(args).map_err(|error| ToolError::InvalidArgs(error.to_string()))
-}
 
 /// The registry of built-in tools.
 pub fn builtin_registry(config: &ToolsConfig) -> Result<ToolRegistry, RegistryError> {

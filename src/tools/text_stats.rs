@@ -35,7 +35,7 @@ impl Tool for TextStats {
     }
 
     fn parameters(&self) -> Value {
-        super::schema_of::<Args>()
+        troupe_actors::tool::schema_of::<Args>()
     }
 
     fn idempotent(&self) -> bool {
@@ -48,7 +48,7 @@ impl Tool for TextStats {
     }
 
     async fn call(&self, _context: ToolContext, args: Value) -> Result<ToolOutput, ToolError> {
-        let Args { text, top } = super::parse_args(args)?;
+        let Args { text, top } = crate::tools::args::parse_args(args)?;
         if text.len() > MAX_TEXT {
             return Err(ToolError::InvalidArgs(format!("text is {} bytes; the limit is {MAX_TEXT}", text.len())));
         }

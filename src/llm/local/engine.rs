@@ -29,7 +29,7 @@ use troupe_actors::metrics;
 use troupe_actors::protocol::Usage;
 
 use super::chat::{self, Template, TextGate};
-use super::{LocalSettings, PromptJob};
+use super::settings::{LocalSettings, PromptJob};
 
 /// Chunks of a reply as the engine sends them.
 pub type ReplySender = UnboundedSender<Result<ModelChunk, ModelError>>;

@@ -1,0 +1,75 @@
+//! What every handler shares ([`AppState`]), and the lookups every route makes
+//! through it: the request's tenant ([`require_tenant`]) and a tenant's run
+//! ([`owned_run`]).
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::Response;
+use tokio_util::sync::CancellationToken;
+use troupe_actors::Runtime;
+use troupe_actors::protocol::RunId;
+use troupe_actors::store::RunRecord;
+
+use super::auth::{Auth, Tenant};
+use super::config::{ServeError, ServerConfig, Timing};
+use super::error::ApiError;
+use super::slots::StreamSlots;
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct AppState {
+    pub(super) inner: Arc<Inner>,
+}
+
+/// What [`AppState`] holds; the handlers of `server` read its fields.
+pub(super) struct Inner {
+    pub(super) runtime: Arc<Runtime>,
+    pub(super) auth: Auth,
+    pub(super) config: ServerConfig,
+    pub(super) timing: Timing,
+    pub(super) prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    pub(super) streams: StreamSlots,
+    pub(super) shutdown: CancellationToken,
+}
+
+impl AppState {
+    /// The state of a server over `runtime`. `prometheus` renders `/metrics` (404
+    /// without it); cancelling `shutdown` ends every event stream.
+    pub fn new(
+        runtime: Arc<Runtime>,
+        auth: Auth,
+        config: ServerConfig,
+        prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
+        shutdown: CancellationToken,
+    ) -> Result<Self, ServeError> {
+        let timing = config.timing()?;
+        let streams = StreamSlots::new(config.max_sse_clients, config.max_sse_clients_per_tenant);
+        Ok(Self { inner: Arc::new(Inner { runtime, auth, config, timing, prometheus, streams, shutdown }) })
+    }
+}
+
+/// Middleware: 401 unless the request carries a known token; the tenant goes in
+/// the request's extensions.
+pub async fn require_tenant(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
+    let header = request.headers().get(header::AUTHORIZATION).and_then(|value| value.to_str().ok());
+    match state.inner.auth.tenant(header) {
+        Some(tenant) => {
+            request.extensions_mut().insert(Tenant(tenant));
+            next.run(request).await
+        }
+        None => axum::response::IntoResponse::into_response(ApiError::unauthorized()),
+    }
+}
+
+/// The run `id` if it exists and belongs to `tenant`; 404 otherwise (also for
+/// an id that is not a run id).
+pub async fn owned_run(state: &AppState, tenant: &str, id: &str) -> Result<RunRecord, ApiError> {
+    let run_id: RunId = id.parse().map_err(|_| ApiError::run_not_found())?;
+    match state.inner.runtime.get(run_id).await? {
+        Some(run) if run.tenant == tenant => Ok(run),
+        _ => Err(ApiError::run_not_found()),
+    }
+}
