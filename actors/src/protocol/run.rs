@@ -1,0 +1,132 @@
+//! Runs: ids, what a client asks for (`RunSpec`, `Limits`), where a run stands
+//! (`RunStatus`) and what it spent (`Usage`).
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// A run's id: a UUID v7, so ids sort by creation time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct RunId(pub Uuid);
+
+impl RunId {
+    /// A new, time-ordered id.
+    pub fn new() -> Self {
+        Self(Uuid::now_v7())
+    }
+}
+
+impl Default for RunId {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Display for RunId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::str::FromStr for RunId {
+    type Err = uuid::Error;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Uuid::parse_str(text).map(Self)
+    }
+}
+
+/// Per-run bounds. Every loop of a run ends on one of these.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Turns before the run is forced into one last tool-free synthesis call.
+    pub max_turns: u32,
+    /// Tool calls of one turn that run at the same time.
+    pub max_parallel_tools: usize,
+    /// Total tokens (input + output) the run may spend; `None` means unbounded.
+    pub max_tokens: Option<u64>,
+    /// Total cost in USD the run may spend; `None` means unbounded.
+    pub max_cost_usd: Option<f64>,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self { max_turns: 15, max_parallel_tools: 4, max_tokens: None, max_cost_usd: None }
+    }
+}
+
+/// What a client asks for: one request to one agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunSpec {
+    /// The configured agent that answers.
+    pub agent: String,
+    /// The user's request.
+    pub input: String,
+    /// Overrides of the agent's limits; `None` keeps the agent's.
+    #[serde(default)]
+    pub limits: Option<Limits>,
+}
+
+/// Where a run is in its life. Terminal states never change again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    /// Accepted, its session not started yet.
+    Queued,
+    /// A session is driving it.
+    Running,
+    /// Parked until `input` arrives (an `ask_user` call).
+    WaitingInput,
+    /// Finished with a final answer.
+    Succeeded,
+    /// Ended by an error, a budget or a supervision meltdown.
+    Failed,
+    /// Ended by a client.
+    Cancelled,
+}
+
+impl RunStatus {
+    /// Whether the run can never change again.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Self::Succeeded | Self::Failed | Self::Cancelled)
+    }
+
+    /// The snake_case name, as used in metrics labels and the store.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Running => "running",
+            Self::WaitingInput => "waiting_input",
+            Self::Succeeded => "succeeded",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// Tokens and money spent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub input_tokens: u64,
+    /// Completion tokens.
+    pub output_tokens: u64,
+    /// Cost in USD.
+    pub cost_usd: f64,
+}
+
+impl Usage {
+    /// Input plus output tokens.
+    pub fn total_tokens(&self) -> u64 {
+        self.input_tokens + self.output_tokens
+    }
+
+    /// Adds `other` to `self`.
+    pub fn add(&mut self, other: &Usage) {
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+        self.cost_usd += other.cost_usd;
+    }
+}
