@@ -1,0 +1,43 @@
+//! A process-wide metrics recorder whose counters tests read.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+
+struct Capture {
+    snapshotter: Snapshotter,
+    totals: Mutex<HashMap<String, u64>>,
+}
+
+static CAPTURE: OnceLock<Option<Capture>> = OnceLock::new();
+
+/// Installs a process-wide recorder (once) so tests can read counters.
+pub fn capture_metrics() {
+    CAPTURE.get_or_init(|| {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        recorder.install().ok().map(|()| Capture { snapshotter, totals: Mutex::new(HashMap::new()) })
+    });
+}
+
+/// The total of counter `name` with exactly `labels` since [`capture_metrics`].
+pub fn counter(name: &str, labels: &[(&str, &str)]) -> u64 {
+    let Some(Some(capture)) = CAPTURE.get() else {
+        return 0;
+    };
+    let Ok(mut totals) = capture.totals.lock() else {
+        return 0;
+    };
+    // Snapshots drain counters, so they are folded into running totals.
+    for (key, _, _, value) in capture.snapshotter.snapshot().into_vec() {
+        if let DebugValue::Counter(value) = value {
+            let mut labels: Vec<String> = key.key().labels().map(|l| format!("{}={}", l.key(), l.value())).collect();
+            labels.sort();
+            *totals.entry(format!("{}{{{}}}", key.key().name(), labels.join(","))).or_insert(0) += value;
+        }
+    }
+    let mut wanted: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    wanted.sort();
+    totals.get(&format!("{name}{{{}}}", wanted.join(","))).copied().unwrap_or(0)
+}
