@@ -27,7 +27,7 @@ use crate::session::{Session, SessionMsg};
 use crate::shared::{RuntimeShared, end_run};
 use crate::store::{RunRecord, StoreError};
 use crate::supervisor::SupervisorMsg;
-use crate::tool_pool::{WorkItem, book};
+use crate::tool_pool::{Ending, WorkItem, book};
 
 /// What `list_agents` takes: nothing.
 #[derive(serde::Deserialize, schemars::JsonSchema)]
@@ -268,7 +268,8 @@ impl Watcher {
             Err(error) => ToolOutcome::failed("sub_run_failed", format!("the sub-run could not be read: {error}")),
         };
         let summary = format!("sub-run {} ended", self.child);
-        let result = book(&self.shared.pool, &self.work, outcome, started_at, clock.elapsed(), 0.0, summary);
+        let ending = Ending { outcome, started_at, elapsed: clock.elapsed(), cost_usd: 0.0 };
+        let result = book(&self.shared.pool, &self.work, ending, summary);
         // The caller may have ended meanwhile; then nobody needs the answer.
         let _ = self.session.cast(SessionMsg::ToolDone(Box::new(result)));
     }

@@ -4,7 +4,6 @@
 //! dispatched: `run_agent` as a sub-run the session starts, the rest to the tool
 //! pool. The `started` records of the calls commit before any is sent.
 
-use chrono::Utc;
 use ractor::{ActorProcessingErr, ActorRef};
 use serde_json::Value;
 use tracing::warn;
@@ -16,7 +15,7 @@ use crate::session::results::Answered;
 use crate::session::state::{Live, Phase, tools_mut};
 use crate::session::{Session, SessionMsg, prompt, sub_runs};
 use crate::store::StoreWrite;
-use crate::tool_pool::{ToolJob, ToolPoolMsg, ToolReply, ToolResult, WorkItem, book};
+use crate::tool_pool::{Ending, ToolJob, ToolPoolMsg, ToolReply, ToolResult, WorkItem, book};
 
 /// The calls a walk over the turn dispatched: sub-runs the session starts, and
 /// jobs for the pool.
@@ -190,7 +189,7 @@ impl Session {
         for work in calls {
             if let Some(outcome) = self.start_sub_run(myself, live, work.clone()).await? {
                 let summary = format!("run_agent failed ({})", outcome.to_model_text());
-                let result = book(&self.shared.pool, &work, outcome, Utc::now(), Default::default(), 0.0, summary);
+                let result = book(&self.shared.pool, &work, Ending::at_once(outcome), summary);
                 if let Some(tools) = tools_mut(live) {
                     tools.in_flight = tools.in_flight.saturating_sub(1);
                 }

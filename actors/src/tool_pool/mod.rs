@@ -12,14 +12,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::Utc;
 use ractor::{ActorId, RpcReplyPort};
 use serde::{Deserialize, Serialize};
 
 use crate::protocol::ToolOutcome;
 
 pub use pool::{ToolPool, ToolPoolState};
-pub use work::{PoolShared, ToolResult, WorkItem, book, finish, idempotency_key};
+pub use work::{Ending, PoolShared, ToolResult, WorkItem, book, finish, idempotency_key};
 pub use worker::{ToolWorker, ToolWorkerMsg, execute};
 
 /// Where a call's result goes: answered exactly once. Dropped unanswered (the pool
@@ -53,7 +52,7 @@ impl Drop for ToolReply {
                 "the tool executor stopped before answering this call; try again",
             );
             let summary = format!("{} was not answered", self.work.call.name);
-            send(book(&self.shared, &self.work, outcome, Utc::now(), Duration::ZERO, 0.0, summary));
+            send(book(&self.shared, &self.work, Ending::at_once(outcome), summary));
         }
     }
 }

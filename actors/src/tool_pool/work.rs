@@ -85,20 +85,33 @@ pub fn finish(
         Some(registered) => crate::tool::describe_end(registered.tool.as_ref(), &outcome),
         None => format!("{} is not a known tool", work.call.name),
     };
-    book(shared, work, outcome, started_at, elapsed, cost_usd, summary)
+    book(shared, work, Ending { outcome, started_at, elapsed, cost_usd }, summary)
+}
+
+/// How a call ended, as [`book`] records it.
+#[derive(Debug, Clone)]
+pub struct Ending {
+    /// What became of it.
+    pub outcome: ToolOutcome,
+    /// When it started.
+    pub started_at: DateTime<Utc>,
+    /// How long it ran.
+    pub elapsed: Duration,
+    /// What it cost.
+    pub cost_usd: f64,
+}
+
+impl Ending {
+    /// A call that ended as it started, without running or costing anything.
+    pub fn at_once(outcome: ToolOutcome) -> Self {
+        Self { outcome, started_at: Utc::now(), elapsed: Duration::ZERO, cost_usd: 0.0 }
+    }
 }
 
 /// Books a call without running any of the tool's code (its summary is given).
 /// Safe inside `Drop`.
-pub fn book(
-    shared: &PoolShared,
-    work: &WorkItem,
-    outcome: ToolOutcome,
-    started_at: DateTime<Utc>,
-    elapsed: Duration,
-    cost_usd: f64,
-    summary: String,
-) -> ToolResult {
+pub fn book(shared: &PoolShared, work: &WorkItem, ending: Ending, summary: String) -> ToolResult {
+    let Ending { outcome, started_at, elapsed, cost_usd } = ending;
     let call = &work.call;
     let status = outcome.status();
     let error = match &outcome {
