@@ -5,6 +5,13 @@
 //! Admission control happens here, before any message is sent: a bounded number of
 //! runs have a live session, and a submission beyond it is refused with
 //! [`SubmitError::Overloaded`] at once.
+//!
+//! Files: `mod.rs` (the [`Runtime`] and its API), `request.rs` (submissions and
+//! the API's errors), `queue.rs` (starting sessions, and queued runs as slots
+//! free).
+
+mod queue;
+mod request;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -16,25 +23,26 @@ use futures::stream::BoxStream;
 use ractor::{Actor, ActorRef};
 use tracing::{info, warn};
 
-use crate::admission::{Admission, QueueFull, Refusal, RunQueue, Slot};
+use crate::admission::{Admission, QueueFull, Refusal, RunQueue};
 use crate::builtin::BuiltinTool;
 use crate::config::{AgentConfig, RuntimeConfig};
 use crate::events::{self, EventHub};
 use crate::hooks::{HookChain, ToolHook};
 use crate::llm::ModelRegistry;
 use crate::metrics;
-use crate::protocol::{EventKind, RunEvent, RunId, RunSpec, RunStatus};
+use crate::protocol::{EventKind, RunEvent, RunId, RunStatus};
+use crate::runtime::queue::{dispatch, start_session};
 use crate::session::SessionMsg;
-use crate::shared::Handles;
-use crate::store::{Commit, RunRecord, RunSnapshot, RunStore, StoreError, StoreWrite};
+use crate::shared::{Handles, over_budget};
+use crate::store::{RunRecord, RunSnapshot, RunStore, StoreError};
 use crate::supervisor::{Supervisor, SupervisorMsg};
 use crate::tool::ToolRegistry;
 use crate::tool_pool::PoolShared;
 
 // Their old paths: these live below the runtime, where sessions use them too.
 pub use crate::run_input::{InputError, RunInput};
-use crate::shared::over_budget;
 pub use crate::shared::{RuntimeShared, end_run};
+pub use request::{CancelError, RuntimeError, SubmitError, SubmitRequest};
 
 /// What the runtime is built from.
 pub struct Deps {
@@ -48,85 +56,6 @@ pub struct Deps {
     pub hooks: Vec<Arc<dyn ToolHook>>,
     /// The agents.
     pub agents: Vec<AgentConfig>,
-}
-
-/// A submission.
-#[derive(Debug, Clone)]
-pub struct SubmitRequest {
-    /// What to run.
-    pub spec: RunSpec,
-    /// Who asks; the run belongs to this tenant.
-    pub tenant: String,
-    /// The run this one serves as a sub-run, if any.
-    pub parent_run_id: Option<RunId>,
-}
-
-impl SubmitRequest {
-    /// A request of the `default` tenant.
-    pub fn new(agent: impl Into<String>, input: impl Into<String>) -> Self {
-        let spec = RunSpec { agent: agent.into(), input: input.into(), limits: None };
-        Self { spec, tenant: "default".to_owned(), parent_run_id: None }
-    }
-}
-
-/// Why the runtime could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum RuntimeError {
-    /// The configuration is inconsistent.
-    #[error("invalid configuration: {0}")]
-    Config(String),
-    /// The store failed.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    /// The actor tree could not start.
-    #[error("the supervisor could not start: {0}")]
-    Spawn(String),
-}
-
-/// Why a submission was refused.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum SubmitError {
-    /// No agent has that name.
-    #[error("unknown agent {0:?}")]
-    UnknownAgent(String),
-    /// The limits make no sense.
-    #[error("invalid limits: {0}")]
-    InvalidLimits(String),
-    /// Too many runs are active and the queue is full; try again later.
-    #[error("too many active runs (limit {limit}) and the run queue is full; try again later")]
-    Overloaded {
-        /// The limit.
-        limit: usize,
-    },
-    /// The tenant has too many active runs and queued ones; try again later.
-    #[error("too many active runs for this tenant (limit {limit}) and its queue is full; try again later")]
-    TenantOverloaded {
-        /// The limit.
-        limit: usize,
-    },
-    /// The runtime is stopping or broken.
-    #[error("the runtime is not accepting runs")]
-    Unavailable,
-    /// The store failed.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-}
-
-/// Why a cancel was refused.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum CancelError {
-    /// No such run.
-    #[error("run not found")]
-    NotFound,
-    /// The run had already ended.
-    #[error("the run has already ended ({})", .0.as_str())]
-    AlreadyEnded(RunStatus),
-    /// The runtime is stopping or broken.
-    #[error("the runtime is not accepting cancels")]
-    Unavailable,
-    /// The store failed.
-    #[error(transparent)]
-    Store(#[from] StoreError),
 }
 
 /// The running core.
@@ -457,92 +386,6 @@ impl Runtime {
         // Open streams read what the store has and end.
         self.shared.hub.close_all();
     }
-}
-
-/// Starts a session for a run in the store.
-async fn start_session(
-    supervisor: &ActorRef<SupervisorMsg>,
-    run_id: RunId,
-    permit: Option<Slot>,
-    created: Option<Box<RunSnapshot>>,
-) -> Result<(), SubmitError> {
-    let reply = ractor::call!(supervisor, |reply| SupervisorMsg::Start { run_id, permit, created, reply });
-    match reply {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(error)) => {
-            warn!(run_id = %run_id, %error, "session did not start");
-            Err(SubmitError::Unavailable)
-        }
-        Err(_) => Err(SubmitError::Unavailable),
-    }
-}
-
-/// Starts queued runs as slots free up, oldest first (a tenant at its own limit
-/// does not hold up the others). Runs for the runtime's life.
-async fn dispatch(
-    shared: Arc<RuntimeShared>,
-    supervisor: ActorRef<SupervisorMsg>,
-    admission: Arc<Admission>,
-    queue: Arc<RunQueue>,
-) {
-    let freed = admission.freed();
-    loop {
-        freed.notified().await;
-        while let Some((run_id, tenant, slot)) = queue.take_admissible_with_tenant(&admission) {
-            metrics::runs_queued(queue.len());
-            match start_queued(&shared, &supervisor, run_id, slot).await {
-                Ok(()) => {}
-                Err(QueuedStart::StillQueued(error)) => {
-                    // The store failed before the run moved: it waits at the front
-                    // and is tried again shortly.
-                    warn!(run_id = %run_id, %error, "a queued run could not start; retrying");
-                    queue.push_front(run_id, &tenant);
-                    metrics::runs_queued(queue.len());
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
-                Err(QueuedStart::NoSession(error)) => {
-                    warn!(run_id = %run_id, %error, "a queued run could not start");
-                    let reason = "the runtime could not start the run".to_owned();
-                    let _ = end_run(&shared, run_id, RunStatus::Failed, reason).await;
-                }
-            }
-        }
-    }
-}
-
-/// Why a queued run did not start.
-enum QueuedStart {
-    /// The store failed before the run moved to `running`.
-    StillQueued(StoreError),
-    /// It is `running` in the store, but its session did not start.
-    NoSession(SubmitError),
-}
-
-/// Moves a queued run to `running` and starts its session, unless it was
-/// cancelled while it waited.
-async fn start_queued(
-    shared: &RuntimeShared,
-    supervisor: &ActorRef<SupervisorMsg>,
-    run_id: RunId,
-    slot: Slot,
-) -> Result<(), QueuedStart> {
-    match shared.store.get_run(run_id).await.map_err(QueuedStart::StillQueued)? {
-        Some(run) if run.status == RunStatus::Queued => {}
-        // An earlier try moved it but reported a failure (the commit landed as the
-        // connection broke): it only lacks its session.
-        Some(run) if run.status == RunStatus::Running => {
-            return start_session(supervisor, run_id, Some(slot), None).await.map_err(QueuedStart::NoSession);
-        }
-        _ => return Ok(()),
-    }
-    let writes = vec![StoreWrite::Status { status: RunStatus::Running, reason: None }];
-    match shared.store.commit(&Commit { run_id, writes, events: Vec::new() }).await {
-        Ok(()) => {}
-        // Cancelled between the read and the commit.
-        Err(StoreError::Terminal(_)) => return Ok(()),
-        Err(error) => return Err(QueuedStart::StillQueued(error)),
-    }
-    start_session(supervisor, run_id, Some(slot), None).await.map_err(QueuedStart::NoSession)
 }
 
 /// Agents by name, after checking their tools exist.

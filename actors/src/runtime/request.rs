@@ -1,0 +1,84 @@
+//! What a caller hands the runtime ([`SubmitRequest`]) and why the runtime may
+//! refuse it: the errors of starting, submitting and cancelling.
+
+use crate::protocol::{RunId, RunSpec, RunStatus};
+use crate::store::StoreError;
+
+/// A submission.
+#[derive(Debug, Clone)]
+pub struct SubmitRequest {
+    /// What to run.
+    pub spec: RunSpec,
+    /// Who asks; the run belongs to this tenant.
+    pub tenant: String,
+    /// The run this one serves as a sub-run, if any.
+    pub parent_run_id: Option<RunId>,
+}
+
+impl SubmitRequest {
+    /// A request of the `default` tenant.
+    pub fn new(agent: impl Into<String>, input: impl Into<String>) -> Self {
+        let spec = RunSpec { agent: agent.into(), input: input.into(), limits: None };
+        Self { spec, tenant: "default".to_owned(), parent_run_id: None }
+    }
+}
+
+/// Why the runtime could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// The configuration is inconsistent.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The actor tree could not start.
+    #[error("the supervisor could not start: {0}")]
+    Spawn(String),
+}
+
+/// Why a submission was refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SubmitError {
+    /// No agent has that name.
+    #[error("unknown agent {0:?}")]
+    UnknownAgent(String),
+    /// The limits make no sense.
+    #[error("invalid limits: {0}")]
+    InvalidLimits(String),
+    /// Too many runs are active and the queue is full; try again later.
+    #[error("too many active runs (limit {limit}) and the run queue is full; try again later")]
+    Overloaded {
+        /// The limit.
+        limit: usize,
+    },
+    /// The tenant has too many active runs and queued ones; try again later.
+    #[error("too many active runs for this tenant (limit {limit}) and its queue is full; try again later")]
+    TenantOverloaded {
+        /// The limit.
+        limit: usize,
+    },
+    /// The runtime is stopping or broken.
+    #[error("the runtime is not accepting runs")]
+    Unavailable,
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Why a cancel was refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CancelError {
+    /// No such run.
+    #[error("run not found")]
+    NotFound,
+    /// The run had already ended.
+    #[error("the run has already ended ({})", .0.as_str())]
+    AlreadyEnded(RunStatus),
+    /// The runtime is stopping or broken.
+    #[error("the runtime is not accepting cancels")]
+    Unavailable,
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
