@@ -22,7 +22,18 @@
 //! - [`metrics`]: every metric name; [`config`]: settings as serde data;
 //!   [`rfc3339`]: times as text, written by hand; [`duration_secs`]: durations
 //!   as seconds.
-//! - `testing` (feature `testing`): scripted model, test tools, faulty store.
+//! - `testing` (feature `testing`): scripted model, test tools, faulty store,
+//!   `eventually` (waiting in tests).
+//!
+//! # Layers
+//!
+//! No file imports from a file that imports it, directly or not (checked by
+//! `python3 .ci/cycles.py`). The run's machinery goes one way: [`protocol`] →
+//! the shared state ([`shared`], [`run_input`], [`builtin`]) → [`session`] →
+//! [`supervisor`] → [`runtime`]. One message goes up: a session's `input.rs`
+//! and `sub_runs.rs` send [`supervisor::SupervisorMsg`] to their supervisor
+//! (a parked run frees its slot; a sub-run is started), while `supervisor.rs`
+//! imports only the session's `mod.rs`, which imports none of its role files.
 //!
 //! This crate depends on no HTTP server, SQL driver, HTTP client or metrics
 //! exporter: those are adapters in the `troupe` package.

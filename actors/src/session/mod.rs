@@ -11,7 +11,7 @@
 //! What ends a turn (its last results, or a reply without calls) commits before
 //! the review is asked if the review takes a model call, and with the review if
 //! it is the rule-based one, which the reviewer computes in microseconds
-//! ([`review_is_instant`]). A session restarted after a crash rebuilds itself
+//! (`review_is_instant` in `review.rs`). A session restarted after a crash rebuilds itself
 //! from the store (see `resume.rs`). Events are published only after their commit.
 //!
 //! # Files
@@ -30,7 +30,8 @@
 //!   store, and runs started by `run_agent`.
 //!
 //! The role files extend [`Session`] and import from this file and from
-//! `state.rs`; this file imports from none of them (it only calls their methods).
+//! `state.rs` (which imports neither); this file imports only from `state.rs`,
+//! and only calls the methods the others add.
 
 mod input;
 mod model;

@@ -21,6 +21,7 @@ pub(super) struct Outbox {
 }
 
 impl Outbox {
+    /// Adds an event of kind `kind`, numbered next.
     pub(super) fn emit(&mut self, kind: EventKind) {
         let event = RunEvent {
             run_id: self.run_id,
@@ -33,6 +34,7 @@ impl Outbox {
         self.events.push(event);
     }
 
+    /// Adds a store write.
     pub(super) fn write(&mut self, write: StoreWrite) {
         self.writes.push(write);
     }
