@@ -13,6 +13,7 @@ use troupe::store::SqlStore;
 use troupe::testing::fake_openai::{FakeOpenAi, FakeReply, text_stream, tool_call_stream};
 use troupe_actors::protocol::{CallStatus, EventKind, RunStatus};
 use troupe_actors::store::{RunQuery, RunStore};
+use troupe_actors::testing::eventually;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_survive_repeated_kill_9_without_loss_or_repeated_side_effects() {
@@ -45,11 +46,10 @@ async fn runs_survive_repeated_kill_9_without_loss_or_repeated_side_effects() {
         let mut child = troupe(&["demo", "--agent", "crash", &request]).spawn().unwrap();
         // The kill comes at a random moment after the run exists: its first model
         // request has arrived.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !server.requests().iter().any(|r| r.body.to_string().contains(&request)) {
-            assert!(Instant::now() < deadline, "round {round}: the run never reached the model");
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
+        eventually(Duration::from_secs(60), &format!("round {round}: the run never reached the model"), || async {
+            server.requests().iter().any(|r| r.body.to_string().contains(&request))
+        })
+        .await;
         tokio::time::sleep(Duration::from_millis(rng.u64(0..300))).await;
         child.kill().unwrap();
         child.wait().unwrap();
@@ -104,11 +104,7 @@ async fn a_committed_model_reply_is_not_requested_again_after_kill_9() {
 
     let mut child = troupe(&["demo", "--agent", "crash", "pay"]).spawn().unwrap();
     // Turn 2's request means turn 1's reply and its tool call are committed.
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while server.requests().len() < 2 {
-        assert!(std::time::Instant::now() < deadline, "turn 2 was never requested");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    eventually(Duration::from_secs(30), "turn 2 was never requested", || async { server.requests().len() >= 2 }).await;
     child.kill().unwrap();
     child.wait().unwrap();
     finish(troupe(&["resume"])).await;

@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 use troupe::testing::fake_openai::{FakeOpenAi, FakeReply, text_stream, tool_call_stream};
 
 use crate::crash::Sandbox;
+use troupe_actors::testing::eventually;
 
 pub(crate) const TOKEN: &str = "e2e-token";
 
@@ -117,11 +118,7 @@ async fn a_run_cut_by_sigterm_completes_after_a_restart() {
 
     let daemon = Served::start(sandbox.troupe(&model, &["serve"]));
     let id = daemon.post_run("measure a b b", "crash").await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while model.requests().len() < 2 {
-        assert!(Instant::now() < deadline, "turn 2 was never requested");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    eventually(Duration::from_secs(30), "turn 2 was never requested", || async { model.requests().len() >= 2 }).await;
     daemon.terminate();
 
     let daemon = Served::start(sandbox.troupe(&model, &["serve"]));

@@ -14,3 +14,4 @@ mod mcp;
 mod model;
 mod server;
 mod store;
+mod store_upgrade;

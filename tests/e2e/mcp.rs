@@ -19,7 +19,7 @@ use troupe_actors::config::{AgentConfig, RuntimeConfig};
 use troupe_actors::llm::ModelRegistry;
 use troupe_actors::protocol::{CallStatus, EventKind, RunEvent, RunId, RunStatus};
 use troupe_actors::store::MemoryStore;
-use troupe_actors::testing::{ScriptedModel, Step, calls, text};
+use troupe_actors::testing::{ScriptedModel, Step, calls, eventually, text};
 use troupe_actors::tool::ToolRegistry;
 use troupe_actors::{Deps, Runtime, SubmitRequest};
 
@@ -43,15 +43,6 @@ fn everything() -> Option<PathBuf> {
     }
     eprintln!("SKIPPED: no MCP reference server at {} (see .ci/run)", path.display());
     None
-}
-
-/// Polls `condition` every 20 ms until it holds; fails after `limit`.
-async fn eventually(limit: Duration, what: &str, mut condition: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !condition().await {
-        assert!(Instant::now() < deadline, "{what}: not within {limit:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// A hub on `servers` (TOML of `[[mcp.servers]]` entries) with quick backoff.
@@ -164,13 +155,11 @@ async fn a_stdio_server_lists_its_tools_and_a_run_calls_one_with_checked_argumen
 
 /// The PID a `sh` wrapper wrote before `exec`ing the server, once it is there.
 async fn read_pid(file: &Path, not: Option<u32>) -> u32 {
-    let mut pid = None;
-    eventually(Duration::from_secs(30), "the server wrote its pid", async || {
-        pid = std::fs::read_to_string(file).ok().and_then(|text| text.trim().parse::<u32>().ok());
-        pid.is_some() && pid != not
+    eventually(Duration::from_secs(30), "the server wrote its pid", || async {
+        let pid = std::fs::read_to_string(file).ok().and_then(|text| text.trim().parse::<u32>().ok());
+        pid.filter(|pid| Some(*pid) != not)
     })
-    .await;
-    pid.unwrap()
+    .await
 }
 
 fn kill(pid: u32) {

@@ -15,7 +15,7 @@ use troupe_actors::llm::{
 use troupe_actors::metrics;
 use troupe_actors::protocol::{EventKind, RunEvent, RunStatus};
 use troupe_actors::store::MemoryStore;
-use troupe_actors::testing::{EchoTool, capture_metrics, counter};
+use troupe_actors::testing::{EchoTool, capture_metrics, counter, eventually};
 use troupe_actors::tool::ToolRegistry;
 use troupe_actors::{Deps, Runtime, SubmitRequest};
 
@@ -366,21 +366,17 @@ async fn requests_beyond_the_limit_and_its_queue_fail_as_overloaded() {
         async move { model.chat(request()).await.map(drop) }
     });
     // Poll until the first request reached the server and the second waits for its slot.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while server.requests().is_empty() || model.queued() == 0 {
-        assert!(Instant::now() < deadline, "the requests never got in flight and queued");
-        tokio::task::yield_now().await;
-    }
+    eventually(Duration::from_secs(10), "the requests never got in flight and queued", || async {
+        !server.requests().is_empty() && model.queued() > 0
+    })
+    .await;
     let third = model.chat(request()).await.map(drop);
     assert!(matches!(third, Err(ModelError::Overloaded(_))), "{third:?}");
     assert_eq!(server.requests().len(), 1, "the queued request waits; the third never left");
     first.abort();
     second.abort();
     // A request dropped while it waited gives its place in the queue back.
-    while model.queued() > 0 {
-        assert!(Instant::now() < deadline, "the dropped wait kept its place");
-        tokio::task::yield_now().await;
-    }
+    eventually(Duration::from_secs(10), "the dropped wait kept its place", || async { model.queued() == 0 }).await;
 }
 
 #[tokio::test]
@@ -417,10 +413,7 @@ async fn cancelling_a_run_aborts_its_request_and_frees_the_slot() {
     let runtime = runtime(model.clone()).await;
     let run_id = runtime.submit(SubmitRequest::new("default", "wait")).await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while server.requests().is_empty() {
-        assert!(Instant::now() < deadline, "the request never arrived");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    eventually(Duration::from_secs(10), "the request never arrived", || async { !server.requests().is_empty() }).await;
     runtime.cancel(run_id).await.unwrap();
     // With one slot and no queue, a request still in flight would make this overloaded.
     let mut reply = call(&model).await.1;

@@ -14,7 +14,7 @@ use troupe::server::{self, AppState, Auth, AuthConfig, ServerConfig};
 use troupe_actors::config::{AgentConfig, RuntimeConfig};
 use troupe_actors::llm::ModelRegistry;
 use troupe_actors::store::{MemoryStore, RunStore};
-use troupe_actors::testing::{EchoTool, GatedTool, ScriptedModel, Step, calls, text};
+use troupe_actors::testing::{EchoTool, GatedTool, ScriptedModel, Step, calls, eventually, text};
 use troupe_actors::tool::ToolRegistry;
 use troupe_actors::{Deps, Runtime};
 
@@ -360,16 +360,12 @@ async fn event_streams_over_the_tenant_limit_get_429() {
     assert_eq!((refused.status, refused.code()), (StatusCode::TOO_MANY_REQUESTS, "too_many_streams"));
     drop(open);
     // The slot frees when the server notices the client left; poll with a deadline.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
+    eventually(Duration::from_secs(10), "the stream slot was never freed", || async {
         let response =
             server.http.get(server.url(&format!("/v1/runs/{id}/events"))).bearer_auth(ALPHA).send().await.unwrap();
-        if response.status() == StatusCode::OK {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "the stream slot was never freed");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        response.status() == StatusCode::OK
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
