@@ -23,7 +23,7 @@ use futures::stream::BoxStream;
 use ractor::{Actor, ActorRef};
 use tracing::{info, warn};
 
-use crate::admission::{Admission, QueueFull, Refusal, RunQueue};
+use crate::admission::{Admission, QueueFull, Refusal, RunQueue, Slot};
 use crate::builtin::BuiltinTool;
 use crate::config::{AgentConfig, RuntimeConfig};
 use crate::events::{self, EventHub};
@@ -152,25 +152,7 @@ impl Runtime {
         if !self.accepting() {
             return Err(SubmitError::Unavailable);
         }
-        // Runs already waiting go first, unless none of them could take the slot
-        // (their tenants are at their own limits): then it is this run's.
-        let (permit, tenant_bound) = match self.admission.try_admit(&tenant) {
-            Ok(slot) if self.queue.is_empty() => (Some(slot), false),
-            Ok(slot) if !self.queue.any_admissible(&self.admission) => (Some(slot), false),
-            Ok(_) => (None, false),
-            Err(refusal) => (None, matches!(refusal, Refusal::Tenant { .. })),
-        };
-        if permit.is_none() {
-            match self.queue.has_room(&tenant) {
-                Ok(()) => {}
-                Err(QueueFull::Tenant { .. }) => return Err(self.refuse_tenant()),
-                Err(QueueFull::Global { .. }) if tenant_bound => return Err(self.refuse_tenant()),
-                Err(QueueFull::Global { .. }) => {
-                    metrics::admission_rejected("overloaded");
-                    return Err(SubmitError::Overloaded { limit: self.shared.config.max_active_runs });
-                }
-            }
-        }
+        let permit = self.admit(&tenant)?;
         let run_id = RunId::new();
         let now = Utc::now();
         let mut record =
@@ -215,6 +197,31 @@ impl Runtime {
             return Err(error);
         }
         Ok(run_id)
+    }
+
+    /// A slot for a run of `tenant` submitted now, or `None` if it is to wait in
+    /// the queue (which has room for it); refused if it may do neither.
+    fn admit(&self, tenant: &str) -> Result<Option<Slot>, SubmitError> {
+        // Runs already waiting go first, unless none of them could take the slot
+        // (their tenants are at their own limits): then it is this run's.
+        let (permit, tenant_bound) = match self.admission.try_admit(tenant) {
+            Ok(slot) if self.queue.is_empty() => (Some(slot), false),
+            Ok(slot) if !self.queue.any_admissible(&self.admission) => (Some(slot), false),
+            Ok(_) => (None, false),
+            Err(refusal) => (None, matches!(refusal, Refusal::Tenant { .. })),
+        };
+        if permit.is_none() {
+            match self.queue.has_room(tenant) {
+                Ok(()) => {}
+                Err(QueueFull::Tenant { .. }) => return Err(self.refuse_tenant()),
+                Err(QueueFull::Global { .. }) if tenant_bound => return Err(self.refuse_tenant()),
+                Err(QueueFull::Global { .. }) => {
+                    metrics::admission_rejected("overloaded");
+                    return Err(SubmitError::Overloaded { limit: self.shared.config.max_active_runs });
+                }
+            }
+        }
+        Ok(permit)
     }
 
     fn refuse_tenant(&self) -> SubmitError {

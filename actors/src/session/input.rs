@@ -10,7 +10,7 @@ use crate::builtin::BuiltinTool;
 use crate::protocol::{EventKind, RunId, RunStatus, SkipReason, ToolCall, ToolOutcome};
 use crate::run_input::{InputError, RunInput};
 use crate::session::results::Answered;
-use crate::session::state::{Live, Phase, tools_mut};
+use crate::session::state::{Live, Phase, ToolTurn, tools_mut};
 use crate::session::{Session, SessionMsg};
 use crate::store::StoreWrite;
 use crate::supervisor::SupervisorMsg;
@@ -100,20 +100,12 @@ impl Session {
             self.refuse_parked(myself, live, reply, InputError::NotWaiting);
             return Ok(());
         };
-        let position = match &call_id {
-            Some(id) => tools.awaiting.iter().position(|index| &tools.calls[*index].call_id == id),
-            None if tools.awaiting.len() == 1 => Some(0),
-            None => {
-                let ids: Vec<&str> = tools.awaiting.iter().map(|index| tools.calls[*index].call_id.as_str()).collect();
-                let message = format!("several calls wait for approval; name one with call_id: {}", ids.join(", "));
-                self.refuse_parked(myself, live, reply, InputError::Invalid(message));
+        let position = match decided_position(tools, call_id.as_deref()) {
+            Ok(position) => position,
+            Err(error) => {
+                self.refuse_parked(myself, live, reply, error);
                 return Ok(());
             }
-        };
-        let Some(position) = position else {
-            let error = InputError::Invalid("no call with that call_id waits for approval".to_owned());
-            self.refuse_parked(myself, live, reply, error);
-            return Ok(());
         };
         let index = tools.awaiting.remove(position);
         let (turn, call) = (tools.turn, tools.calls[index].clone());
@@ -222,6 +214,24 @@ impl Session {
         }
         live.outbox.flush(&self.shared).await?;
         Ok(())
+    }
+}
+
+/// Where, among the calls awaiting approval, the call a decision names is (a
+/// decision may leave it out when only one call waits), or why it names none.
+fn decided_position(tools: &ToolTurn, call_id: Option<&str>) -> Result<usize, InputError> {
+    match call_id {
+        Some(id) => tools
+            .awaiting
+            .iter()
+            .position(|index| tools.calls[*index].call_id == id)
+            .ok_or_else(|| InputError::Invalid("no call with that call_id waits for approval".to_owned())),
+        None if tools.awaiting.len() == 1 => Ok(0),
+        None => {
+            let ids: Vec<&str> = tools.awaiting.iter().map(|index| tools.calls[*index].call_id.as_str()).collect();
+            let message = format!("several calls wait for approval; name one with call_id: {}", ids.join(", "));
+            Err(InputError::Invalid(message))
+        }
     }
 }
 

@@ -1,6 +1,6 @@
 //! Session: one per run, the turn loop. Each turn builds the prompt, calls the
 //! model, runs the requested tool calls through the pool, and asks the reviewer,
-//! always, from [`Session::request_review`] — the one place that does. The session
+//! always, from `Session::request_review` — the one place that does. The session
 //! never waits on a model or a tool in its handler: the model call runs in an
 //! offloaded task and tool calls run in the pool; both report back as messages.
 //!
