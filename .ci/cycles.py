@@ -206,12 +206,15 @@ def edges(crate):
         text = texts[file]
         targets = set()
         paths = []
+        uses = []
         for m in re.finditer(r"\buse\s+([^;]+);", text):
+            uses.append((m.start(), m.end()))
             is_pub = re.search(r"\bpub(?:\([^)]*\))?\s+$", text[max(0, m.start() - 16):m.start()])
             for p in expand_use(m.group(1)):
                 paths.append((m.start(), re.split(r"\bas\b", p)[0], bool(is_pub)))
         for m in re.finditer(r"(?<![A-Za-z0-9_:])((?:crate|super|self|" + IDENT + r")(?:::(?:" + IDENT + r"|\*))+)", text):
-            paths.append((m.start(), m.group(1), False))
+            if not any(start <= m.start() < end for start, end in uses):
+                paths.append((m.start(), m.group(1), False))
         for at, path, is_pub in paths:
             # A file's unit tests (`mod tests { … }`) may use anything.
             if any(s < at < e for s, e, name in crate.inline[file] if name == "tests"):

@@ -12,7 +12,8 @@
 //! unreachable. Naming stores (`memory`, `sqlite`, `postgres`) runs only those, so
 //! that an instruction count (`valgrind --tool=callgrind`) covers one store.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+// A bench is a program of its own: it reads its settings from the environment.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
 use std::sync::Arc;
 

@@ -15,7 +15,8 @@
 //!   one after the other; for each model call of turn 2 or later, the prompt
 //!   tokens read from the cache over all its prompt tokens.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+// A bench is a program of its own: it reads its settings from the environment.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
 use std::path::PathBuf;
 use std::process::Command;
