@@ -33,6 +33,8 @@ pub enum Purpose {
     Demo,
     /// `troupe resume`: the unfinished runs in-process.
     Resume,
+    /// `troupe eval`: a task file's runs in-process, on the configured models.
+    Eval,
     /// `troupe gc`: the store only (no MCP server is started).
     Gc,
 }

@@ -18,6 +18,7 @@ pub mod config;
 pub mod daemon;
 pub mod email;
 pub mod env;
+pub mod eval;
 pub mod llm;
 pub mod mcp;
 pub mod server;

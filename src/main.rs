@@ -7,11 +7,13 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 use troupe::app::{App, Purpose};
 use troupe::cli::demo::DemoArgs;
+use troupe::cli::eval::{self, EvalArgs};
 use troupe::cli::local::{self, Local};
 use troupe::cli::model::PullArgs;
 use troupe::cli::remote::{self, Remote};
@@ -98,6 +100,29 @@ enum Command {
         /// Print each event as one JSON line.
         #[arg(long)]
         json: bool,
+    },
+    /// Run a task file (requests and what a right result looks like) through the
+    /// runtime in-process and report pass or fail for each task, ending with
+    /// `N passed, M failed`. The runs use a fresh sample mailbox in a scratch
+    /// folder; the models are the configured ones. Format: eval/tasks.toml.
+    Eval {
+        /// The task file.
+        file: PathBuf,
+        /// Only the tasks with this tag.
+        #[arg(long)]
+        tag: Option<String>,
+        /// Only this task (repeatable).
+        #[arg(long = "task")]
+        tasks: Vec<String>,
+        /// Print the report as one JSON document.
+        #[arg(long)]
+        json: bool,
+        /// Seconds a task may take unless it sets its own `timeout_secs`.
+        #[arg(long, default_value_t = 300)]
+        timeout: u64,
+        /// Exit with failure when fewer than this share of the tasks pass (0–1).
+        #[arg(long, default_value_t = 1.0)]
+        min_pass: f64,
     },
     /// Resume the runs a previous process left unfinished in the store, and wait
     /// until they have all ended.
@@ -328,8 +353,17 @@ fn in_process(
         Command::Serve { bind, .. } => bind.clone(),
         _ => None,
     };
-    let config = setup::load_config(Overrides { config_file, data_dir, bind }, &env)?;
+    let mut config = setup::load_config(Overrides { config_file, data_dir, bind }, &env)?;
     let agents_dir = setup::agents_dir(agents_dir);
+    if let Command::Eval { file, tag, tasks, json, timeout, min_pass } = command {
+        let args = EvalArgs { file, tag, tasks, json, timeout: Duration::from_secs(timeout), min_pass };
+        let tasks = eval::select(&args)?;
+        let scratch = eval::scratch(&mut config)?;
+        let app = runtime.block_on(App::build(config, &env, Purpose::Eval, agents_dir.as_deref()))?;
+        let outcome = runtime.block_on(eval::run(app, tasks, &args));
+        let _ = std::fs::remove_dir_all(&scratch);
+        return outcome;
+    }
     let (purpose, command) = match command {
         Command::Mailbox { command } => return runtime.block_on(mailbox_command(&config, command)),
         Command::Model { command: ModelCommand::List } => return Ok(model::list(&config)),
