@@ -130,6 +130,10 @@ pub struct AgentConfig {
     /// Its reviewer.
     #[serde(default)]
     pub reviewer: ReviewerKind,
+    /// Its answers must rest on what its tools return: an answer given before any
+    /// of its tools returned a result is sent back once by the rule-based review.
+    #[serde(default)]
+    pub grounded: bool,
 }
 
 impl AgentConfig {
@@ -142,6 +146,7 @@ impl AgentConfig {
             tools,
             limits: Limits::default(),
             reviewer: ReviewerKind::RuleBased,
+            grounded: false,
         }
     }
 }

@@ -200,6 +200,11 @@ impl RunLedger {
         in_window.then(|| (*earlier_turn, call_id.clone()))
     }
 
+    /// Whether a call of one of `tools` has succeeded in this run.
+    pub fn any_success(&self, tools: &[String]) -> bool {
+        self.lock().successes.keys().any(|(tool, _)| tools.contains(tool))
+    }
+
     /// Ids of the documents seen so far.
     pub fn seen_ids(&self) -> Vec<String> {
         self.lock().seen.iter().map(|fragment| fragment.id.clone()).collect()

@@ -41,6 +41,7 @@
 #![warn(missing_docs)]
 
 pub mod admission;
+pub mod answer;
 pub mod approvals;
 pub mod builtin;
 pub mod config;

@@ -47,6 +47,9 @@ pub struct ReviewInput {
     pub blocked_tools: Vec<String>,
     /// Whether this is the forced synthesis turn (the run ends after it).
     pub synthesis: bool,
+    /// The agent answers only from what its tools return (`grounded`), and no
+    /// call of its own tools has succeeded in this run yet.
+    pub ungrounded: bool,
 }
 
 /// Where a review goes. Dropped unsent, it sends the degraded rule-based review.
@@ -163,9 +166,13 @@ pub fn degraded(input: &ReviewInput, why: &str) -> Review {
 ///   letters) that the answer uses, 0 for an empty answer; for a tool turn, 1 if a
 ///   call completed, 0.5 if none did; 1 for a turn with neither.
 /// - **gaps**: unfinished and failed tasks, blocked tools.
-/// - **recommendation**: `proceed` for the synthesis turn; `gather_more` for an empty
-///   answer or an answer while tasks are pending or in progress; `replan` for a tool
-///   turn where no call completed; `proceed` otherwise.
+/// - **recommendation**: `proceed` for the synthesis turn; `gather_more` for an
+///   answer that is empty, is runtime text or a tool call written as text, or (for
+///   a `grounded` agent) comes before any of its tools returned a result; `replan`
+///   for a tool turn where no call completed and one failed; `proceed` otherwise
+///   (a turn that only repeated calls that had succeeded is followed by a turn
+///   that must answer). An unfinished plan does not hold back an answer: the
+///   answer is judged, not the model's bookkeeping.
 pub fn rule_based(input: &ReviewInput) -> Review {
     let total = input.calls.len();
     let count = |pred: &dyn Fn(&CallSummary) -> bool| input.calls.iter().filter(|c| pred(c)).count();
@@ -207,31 +214,11 @@ pub fn rule_based(input: &ReviewInput) -> Review {
         gaps.push(format!("tool {tool} is blocked after repeated failures"));
     }
 
-    let mut actions = Vec::new();
-    let answer_is_empty = input.final_answer.as_ref().is_some_and(|a| a.trim().is_empty());
-    let recommendation = if input.synthesis {
-        Recommendation::Proceed
-    } else if answer_is_empty {
-        actions.push("write a non-empty answer to the request".to_owned());
-        Recommendation::GatherMore
-    } else if input.final_answer.is_some() && !unfinished.is_empty() {
-        actions.push(
-            "finish the unfinished tasks, or mark them completed or failed with todo_write, before answering"
-                .to_owned(),
-        );
-        Recommendation::GatherMore
-    } else if input.final_answer.is_none() && total > 0 && completed == 0 {
-        actions.push(
-            "no call of this turn succeeded: revise the plan with todo_write and try another approach".to_owned(),
-        );
-        Recommendation::Replan
-    } else {
-        Recommendation::Proceed
-    };
+    let (recommendation, mut actions) = recommend(input, completed, hard);
     for tool in &input.blocked_tools {
         actions.push(format!("do not call {tool} for now"));
     }
-    let needs_more_data = (input.final_answer.is_some() && !unfinished.is_empty()) || (total > 0 && completed == 0);
+    let needs_more_data = recommendation != Recommendation::Proceed;
     let notes = format!(
         "turn {}: {total} calls ({completed} completed); plan {}/{} done; {}",
         input.turn,
@@ -250,6 +237,40 @@ pub fn rule_based(input: &ReviewInput) -> Review {
         recommendation,
         updated_plan: None,
         notes,
+    }
+}
+
+/// What the turn calls for, judged on the answer rather than on the model's own
+/// bookkeeping (an unfinished plan does not hold back a right answer), with the
+/// action to take.
+fn recommend(input: &ReviewInput, completed: usize, hard: usize) -> (Recommendation, Vec<String>) {
+    let action = |text: &str| vec![text.to_owned()];
+    if input.synthesis {
+        return (Recommendation::Proceed, Vec::new());
+    }
+    match input.final_answer.as_deref() {
+        Some(answer) if answer.trim().is_empty() => {
+            (Recommendation::GatherMore, action("write a non-empty answer to the request"))
+        }
+        Some(answer) => match crate::answer::not_an_answer(answer) {
+            Some(why) => (
+                Recommendation::GatherMore,
+                vec![format!("that reply is {why}, not an answer: answer the request in plain words")],
+            ),
+            None if input.ungrounded => (
+                Recommendation::GatherMore,
+                action("nothing was looked up yet: call a tool and answer from its result, never from memory"),
+            ),
+            None => (Recommendation::Proceed, Vec::new()),
+        },
+        None if input.calls.is_empty() || completed > 0 => (Recommendation::Proceed, Vec::new()),
+        None if hard > 0 => (
+            Recommendation::Replan,
+            action("no call of this turn succeeded: fix the arguments as the results say, or use another tool"),
+        ),
+        // Only repeats of calls that already succeeded (or of blocked tools): the
+        // next turn answers from what the run has (the session asks for it).
+        None => (Recommendation::Proceed, action("that call already ran and its result is above: answer from it")),
     }
 }
 
@@ -356,6 +377,7 @@ mod tests {
             final_answer: final_answer.map(str::to_owned),
             blocked_tools: vec![],
             synthesis: false,
+            ungrounded: false,
         }
     }
 
@@ -364,15 +386,47 @@ mod tests {
     }
 
     #[test]
-    fn answer_with_pending_tasks_gathers_more() {
+    fn an_answer_is_judged_not_the_plan_bookkeeping() {
         let review = rule_based(&input(
             vec![],
             Some("delivery emails: two"),
             vec![item("1", TaskStatus::Completed), item("2", TaskStatus::Pending)],
         ));
-        assert_eq!(review.recommendation, Recommendation::GatherMore);
+        assert_eq!(review.recommendation, Recommendation::Proceed);
         assert_eq!(review.completeness, 0.5);
-        assert!(review.gaps[0].contains("task 2"));
+        assert!(review.gaps[0].contains("task 2"), "the gap is still reported");
+    }
+
+    #[test]
+    fn runtime_text_or_a_call_as_text_is_sent_back() {
+        for reply in [
+            "The run so far (updated every turn; todo_write changes the plan):\n<plan version=\"1\">",
+            r#"{"name": "todo_write", "arguments": {"todos": []}}"#,
+        ] {
+            let review = rule_based(&input(vec![], Some(reply), vec![]));
+            assert_eq!(review.recommendation, Recommendation::GatherMore, "{reply}");
+            assert!(review.suggested_actions[0].contains("not an answer"), "{:?}", review.suggested_actions);
+        }
+    }
+
+    #[test]
+    fn a_grounded_agent_answering_before_any_tool_result_is_sent_back() {
+        let mut turn = input(vec![], Some("You have two deliveries today."), vec![]);
+        turn.ungrounded = true;
+        let review = rule_based(&turn);
+        assert_eq!(review.recommendation, Recommendation::GatherMore);
+        assert!(review.suggested_actions[0].contains("call a tool"));
+        turn.ungrounded = false;
+        assert_eq!(rule_based(&turn).recommendation, Recommendation::Proceed);
+    }
+
+    #[test]
+    fn repeating_a_call_that_succeeded_points_at_its_result_instead_of_a_replan() {
+        let duplicate = CallSummary { tool: "t".into(), status: "skipped", skip: Some(SkipReason::Duplicate) };
+        let review = rule_based(&input(vec![duplicate], None, vec![]));
+        assert_eq!(review.recommendation, Recommendation::Proceed, "the session asks for the answer next");
+        assert!(review.suggested_actions[0].contains("already ran"));
+        assert!(!review.suggested_actions.iter().any(|action| action.contains("todo_write")));
     }
 
     #[test]

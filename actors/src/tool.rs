@@ -27,8 +27,47 @@ pub fn schema_of<T: schemars::JsonSchema>() -> Value {
     if let Some(object) = schema.as_object_mut() {
         object.remove("$schema");
         object.remove("title");
+        // The type's own doc comment is for Rust readers; the tool's description
+        // says what the arguments are for.
+        object.remove("description");
     }
+    compact(&mut schema);
     schema
+}
+
+/// A schema in fewer tokens, meaning the same to a validator: an array's item
+/// type loses its doc comment, and a `oneOf` of documented constants becomes an
+/// `enum` of them (every prompt carries the schemas of the tools on offer).
+fn compact(schema: &mut Value) {
+    let Some(object) = schema.as_object_mut() else { return };
+    if let Some(items) = object.get_mut("items").and_then(Value::as_object_mut) {
+        items.remove("description");
+    }
+    let constants: Option<Vec<Value>> = object
+        .get("oneOf")
+        .and_then(Value::as_array)
+        .and_then(|variants| variants.iter().map(|variant| variant.get("const").cloned()).collect());
+    if let Some(constants) = constants {
+        let all_strings = constants.iter().all(Value::is_string);
+        object.remove("oneOf");
+        if all_strings {
+            object.insert("type".to_owned(), Value::String("string".to_owned()));
+        }
+        object.insert("enum".to_owned(), Value::Array(constants));
+    }
+    if let Some(properties) = object.get_mut("properties").and_then(Value::as_object_mut) {
+        properties.values_mut().for_each(compact);
+    }
+    for key in ["items", "additionalProperties"] {
+        if let Some(value) = object.get_mut(key) {
+            compact(value);
+        }
+    }
+    for key in ["anyOf", "allOf", "oneOf"] {
+        if let Some(Value::Array(values)) = object.get_mut(key) {
+            values.iter_mut().for_each(compact);
+        }
+    }
 }
 
 /// What a tool learns about the call it serves.

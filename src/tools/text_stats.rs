@@ -71,12 +71,26 @@ pub fn measure(text: &str, top: usize) -> Value {
     frequent.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
     frequent.truncate(top);
     let sentences = text.split(['.', '!', '?']).filter(|s| !s.trim().is_empty()).count();
+    let characters = text.chars().count();
     json!({
+        "summary": summary(words.len(), sentences, characters, &frequent),
         "words": words.len(),
-        "characters": text.chars().count(),
+        "characters": characters,
         "sentences": sentences,
         "most_frequent": frequent.iter().map(|(word, count)| json!({"word": word, "count": count})).collect::<Vec<_>>(),
     })
+}
+
+/// The figures in one sentence: what a model answering from them most often
+/// needs, in words it can repeat.
+fn summary(words: usize, sentences: usize, characters: usize, frequent: &[(&str, usize)]) -> String {
+    let plural = |count: usize, what: &str| if count == 1 { format!("1 {what}") } else { format!("{count} {what}s") };
+    let mut text =
+        format!("{}, {}, {}", plural(words, "word"), plural(sentences, "sentence"), plural(characters, "character"));
+    if let Some((word, count)) = frequent.first() {
+        text.push_str(&format!("; the most frequent word is \"{word}\" ({})", plural(*count, "time")));
+    }
+    text
 }
 
 #[cfg(test)]
@@ -90,5 +104,13 @@ mod tests {
         assert_eq!(stats["sentences"], 2);
         assert_eq!(stats["most_frequent"][0], json!({"word": "cat", "count": 2}));
         assert_eq!(stats["most_frequent"][1], json!({"word": "the", "count": 2}));
+        assert_eq!(
+            stats["summary"],
+            "6 words, 2 sentences, 25 characters; the most frequent word is \"cat\" (2 times)"
+        );
+        assert_eq!(
+            measure("Hi.", 3)["summary"],
+            "1 word, 1 sentence, 3 characters; the most frequent word is \"hi\" (1 time)"
+        );
     }
 }

@@ -285,11 +285,24 @@ async fn the_model_reads_the_tool_guide_for_the_agents_tools() {
     let status = sandbox.troupe(&model, &["demo", "--agent", "crash", "hello"]).status().unwrap();
     assert!(status.success());
     let request = &model.requests()[0].body;
-    let system = request["messages"][0]["content"].as_str().unwrap();
     let guide = troupe::tools::guide::parse(troupe::tools::guide::DEFAULT_GUIDE);
+    // Each tool on offer is described by its guide entry (markdown bold dropped),
+    // where the model looks for it: the tool's own description.
+    let described: Vec<(String, String)> = request["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|tool| {
+            let function = &tool["function"];
+            (function["name"].as_str().unwrap().to_owned(), function["description"].as_str().unwrap().to_owned())
+        })
+        .collect();
     for tool in ["todo_write", "ask_user", "text_stats"] {
-        assert!(system.contains(&guide[tool]), "the system prompt carries the guide's entry for {tool}:\n{system}");
+        let description = described.iter().find(|(name, _)| name == tool).map(|(_, text)| text.clone());
+        assert_eq!(description, Some(guide[tool].replace("**", "")), "the guide's entry describes {tool}");
     }
-    assert!(!system.contains(&guide["journal"]), "a tool the agent may not use is not described");
+    assert!(!described.iter().any(|(name, _)| name == "journal"), "a tool the agent may not use is not offered");
+    let system = request["messages"][0]["content"].as_str().unwrap();
+    assert!(!system.contains(&guide["text_stats"].replace("**", "")), "the guide is not repeated in the system prompt");
     let _ = std::fs::remove_dir_all(&sandbox.dir);
 }

@@ -43,19 +43,21 @@ impl Session {
 
     /// Offloads the model call of `turn`; its deltas and reply come back as messages.
     pub(super) fn call_model(&self, myself: &ActorRef<SessionMsg>, live: &mut Live, turn: u32) {
-        let synthesis = turn > live.run.limits.max_turns;
+        let answer_now = prompt::answer_now(&live.conversation, turn, live.run.limits.max_turns);
+        let synthesis = answer_now.is_some();
         let blocked = live.ledger.blocked_tools(turn);
-        let tools = prompt::offered_tools(&live.agent, &self.shared.pool.registry, &blocked);
-        let system = prompt::system_prompt(&live.agent, &tools, &self.shared.config.tool_docs);
+        let tools =
+            prompt::offered_tools(&live.agent, &self.shared.pool.registry, &blocked, &self.shared.config.tool_docs);
+        let system = prompt::system_prompt(&live.agent);
         // A note that no longer holds is replaced, also by one saying the state is empty.
-        let note = prompt::state_note(&live.plan, &blocked)
+        let note = prompt::state_note(&blocked)
             .or_else(|| prompt::last_note(&live.conversation).map(|_| prompt::EMPTY_STATE_NOTE.to_owned()));
         if let Some(note) = note
             && prompt::last_note(&live.conversation) != Some(note.as_str())
         {
             live.append_message(turn, Message::text(Role::System, note));
         }
-        let request = prompt::build_request(system, &live.conversation, tools, synthesis, live.run.limits.max_turns);
+        let request = prompt::build_request(system, &live.conversation, tools, answer_now);
         let model = live.model.clone();
         let limit = self.shared.config.model_timeout;
         let done = ModelDoneGuard { session: myself.clone(), turn, started: Instant::now(), sent: false };

@@ -1,12 +1,12 @@
-//! What the model sees: the system prompt (instructions and `<available_tools>`),
-//! the conversation, and the tools on offer; plus the built-in `ask_user` tool and
-//! citation resolution for the final answer.
+//! What the model sees: the system prompt (the agent's instructions), the tools
+//! on offer (each described by its tool guide entry), and the conversation; plus
+//! the built-in `ask_user` tool and citation resolution for the final answer.
 //!
 //! A prompt is append-only: each turn's prompt starts with the whole previous one,
 //! so a model's prompt cache (a provider's, or the local model's KV cache) serves
-//! it and only the new tokens are processed. State that changes (the plan, the
-//! blocked tools) joins the conversation as a note when it changes, instead of
-//! being rewritten in the system prompt; the synthesis turn keeps the tools on
+//! it and only the new tokens are processed. The plan is read in `todo_write`'s
+//! result; the blocked tools join the conversation as a note when they change,
+//! instead of being rewritten in the system prompt; the synthesis turn keeps the tools on
 //! offer (with tool choice `none`) so that it too extends the previous prompt.
 
 use std::collections::BTreeMap;
@@ -18,7 +18,7 @@ use crate::builtin::BuiltinTool;
 use crate::config::AgentConfig;
 use crate::llm::{ChatRequest, Message, Role, ToolChoice, ToolDefinition};
 use crate::planner;
-use crate::protocol::{Citation, Fragment, Plan, Review};
+use crate::protocol::{Citation, Fragment, Review};
 use crate::tool::ToolRegistry;
 
 /// What `ask_user` takes.
@@ -58,10 +58,19 @@ pub fn ask_user_question(args: &Value) -> Option<String> {
     args.get("question").and_then(Value::as_str).filter(|q| !q.trim().is_empty()).map(str::to_owned)
 }
 
-/// Tools offered this turn: the built-ins, then the agent's registered tools that
-/// are not blocked.
-pub fn offered_tools(agent: &AgentConfig, registry: &ToolRegistry, blocked: &[String]) -> Vec<Arc<ToolDefinition>> {
+/// Tools offered this turn: the built-ins, then the agent's registered tools;
+/// a tool blocked after repeated failures (a built-in too) is not offered. A
+/// tool with an entry in the tool guide (`docs`, by name) is described by it:
+/// the guide is read where the model looks for a tool's purpose, once, rather
+/// than a second time in the system prompt.
+pub fn offered_tools(
+    agent: &AgentConfig,
+    registry: &ToolRegistry,
+    blocked: &[String],
+    docs: &BTreeMap<String, String>,
+) -> Vec<Arc<ToolDefinition>> {
     let mut tools = vec![planner::todo_write_definition(), ask_user_definition()];
+    tools.retain(|tool| !blocked.contains(&tool.name));
     tools.extend(agent.tools.iter().filter(|name| !blocked.contains(name)).filter_map(|name| {
         match BuiltinTool::from_name(name) {
             Some(BuiltinTool::ListAgents) => Some(super::sub_runs::list_agents_definition()),
@@ -69,76 +78,103 @@ pub fn offered_tools(agent: &AgentConfig, registry: &ToolRegistry, blocked: &[St
             _ => registry.definition(name),
         }
     }));
+    for tool in &mut tools {
+        if let Some(entry) = docs.get(&tool.name) {
+            *tool = Arc::new(ToolDefinition {
+                name: tool.name.clone(),
+                description: guide_description(entry),
+                parameters: tool.parameters.clone(),
+            });
+        }
+    }
     tools
 }
 
-/// The system prompt: instructions and the tools on offer, each with its entry of
-/// the tool guide (`docs`, by tool name) or else its one-line description. It stays
-/// the same from turn to turn while the tools on offer do.
-pub fn system_prompt(agent: &AgentConfig, tools: &[Arc<ToolDefinition>], docs: &BTreeMap<String, String>) -> String {
-    let mut text = String::with_capacity(agent.instructions.len() + 512);
-    text.push_str(&agent.instructions);
-    text.push_str("\n\n<available_tools>\n");
-    for tool in tools {
-        match docs.get(&tool.name) {
-            Some(entry) => text.push_str(&format!("## {}\n{}\n\n", tool.name, entry.trim())),
-            None => text.push_str(&format!("- {}: {}\n", tool.name, tool.description)),
-        }
-    }
-    text.push_str("</available_tools>");
-    text
+/// A tool guide entry as a tool's description: its text, without markdown bold.
+fn guide_description(entry: &str) -> String {
+    entry.trim().replace("**", "")
 }
 
-/// The state of the run as of this turn: the plan and the tools blocked for now;
-/// `None` before there is either. It joins the conversation when it changes.
-pub fn state_note(plan: &Plan, blocked: &[String]) -> Option<String> {
-    if plan.items.is_empty() && blocked.is_empty() {
+/// The system prompt: the agent's instructions. The tools are described where
+/// they are offered ([`offered_tools`]); the prompt stays the same from turn to
+/// turn, so a prompt cache serves it to every run of the agent.
+pub fn system_prompt(agent: &AgentConfig) -> String {
+    agent.instructions.clone()
+}
+
+/// The state of the run as of this turn: the tools blocked for now; `None` while
+/// none is. It joins the conversation when it changes. The plan is not part of
+/// it: the model reads its plan in `todo_write`'s result, where it wrote it, and
+/// a note placed last before its turn is what a small model copies as its answer.
+pub fn state_note(blocked: &[String]) -> Option<String> {
+    if blocked.is_empty() {
         return None;
     }
-    let mut text = String::from("The run so far (updated every turn; todo_write changes the plan):\n");
-    if !plan.items.is_empty() {
-        text.push_str(&planner::render(plan));
-    }
-    if !blocked.is_empty() {
-        text.push_str(&format!("\n(blocked for now after repeated failures: {})", blocked.join(", ")));
-    }
-    Some(text)
+    Some(format!("Tools blocked for now after repeated failures: {}. Do not call them.", blocked.join(", ")))
 }
 
 /// The note that replaces an earlier one once there is no plan and nothing blocked.
-pub const EMPTY_STATE_NOTE: &str = "The run so far: no plan, and no tool is blocked.";
+pub const EMPTY_STATE_NOTE: &str = "No tool is blocked any more.";
 
 /// The last state note of the conversation.
 pub fn last_note(conversation: &[Message]) -> Option<&str> {
     conversation.iter().rev().find(|message| message.role == Role::System).map(|message| message.content.as_str())
 }
 
-/// The request for a turn: the system prompt and the conversation. The synthesis
-/// turn lets the model call no tool (they stay listed, the prompt unchanged) and
-/// asks for the answer.
+/// Why a turn must answer without calling a tool (the synthesis turn): its run
+/// used all its turns, or the model asked again for calls that had already
+/// succeeded, which means it has what it gathered and is going round in circles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnswerNow {
+    /// Every turn of the run is used; the number of turns.
+    TurnsUsed(u32),
+    /// The last turn's calls were all repeats of calls that had succeeded.
+    CallsRepeated,
+}
+
+/// Whether `turn`, which follows `conversation`, must answer without a tool.
+pub fn answer_now(conversation: &[Message], turn: u32, max_turns: u32) -> Option<AnswerNow> {
+    if turn > max_turns {
+        return Some(AnswerNow::TurnsUsed(max_turns));
+    }
+    let at = conversation.iter().rposition(|message| message.role == Role::Assistant)?;
+    let calls = conversation[at].tool_calls.len();
+    let results: Vec<&Message> = conversation[at + 1..].iter().filter(|message| message.role == Role::Tool).collect();
+    let repeated = calls > 0
+        && results.len() == calls
+        && results.iter().all(|result| result.content.starts_with("skipped (duplicate)"));
+    repeated.then_some(AnswerNow::CallsRepeated)
+}
+
+/// The request for a turn: the system prompt and the conversation. A turn that
+/// must answer lets the model call no tool (they stay listed, the prompt
+/// unchanged) and asks for the answer.
 pub fn build_request(
     system: String,
     conversation: &[Message],
     tools: Vec<Arc<ToolDefinition>>,
-    synthesis: bool,
-    max_turns: u32,
+    answer_now: Option<AnswerNow>,
 ) -> ChatRequest {
     let mut messages = Vec::with_capacity(conversation.len() + 2);
     messages.push(Message::text(Role::System, system));
     messages.extend_from_slice(conversation);
-    if synthesis {
-        messages.push(Message::text(
-            Role::User,
-            format!(
-                "You have used all {max_turns} turns. Write the best final answer you can from what you have \
-                 found so far. Do not call tools."
-            ),
-        ));
+    let ask = match answer_now {
+        Some(AnswerNow::TurnsUsed(max_turns)) => Some(format!(
+            "You have used all {max_turns} turns. Write the best final answer you can from what you have \
+             found so far. Do not call tools."
+        )),
+        Some(AnswerNow::CallsRepeated) => {
+            Some("Answer my request now in one sentence, using the tool results above. Do not call a tool.".to_owned())
+        }
+        None => None,
+    };
+    if let Some(ask) = ask {
+        messages.push(Message::text(Role::User, ask));
     }
     ChatRequest {
         messages,
         tools,
-        tool_choice: if synthesis { ToolChoice::None } else { ToolChoice::Auto },
+        tool_choice: if answer_now.is_some() { ToolChoice::None } else { ToolChoice::Auto },
         max_tokens: None,
         temperature: None,
     }

@@ -7,8 +7,9 @@ use chrono::{DateTime, Utc};
 use ractor::{ActorProcessingErr, ActorRef};
 
 use crate::builtin::BuiltinTool;
-use crate::llm::Message;
-use crate::protocol::{EventKind, ToolCall, ToolExecutionRecord, ToolOutcome};
+use crate::llm::{Message, Role};
+use crate::metrics;
+use crate::protocol::{EventKind, SkipReason, ToolCall, ToolExecutionRecord, ToolOutcome};
 use crate::reviewer::CallSummary;
 use crate::session::prompt;
 use crate::session::state::{Live, Phase, ToolTurn, tools_mut};
@@ -103,7 +104,7 @@ impl Session {
         if let ToolOutcome::Ok { value, .. } = &outcome {
             live.labels.absorb(value);
         }
-        let message = Message::tool_result(call.call_id.clone(), outcome.to_model_text());
+        let message = Message::tool_result(call.call_id.clone(), self.result_text(live, turn, &call, &outcome));
         live.outbox.write(StoreWrite::Message(StoredMessage { turn, message: message.clone() }));
         let skip = match &outcome {
             ToolOutcome::Skipped { reason, .. } => Some(*reason),
@@ -147,7 +148,54 @@ impl Session {
             status,
             error,
         };
-        ToolResult { turn, index, call, outcome, record, newly_blocked: false, new_documents: Vec::new(), summary }
+        // A built-in counts in the run's ledger like any tool: its failures strike
+        // (three block it), its successes make later identical calls duplicates.
+        let newly_blocked = BuiltinTool::from_name(&call.name).is_some() && self.book_builtin(live, &record, &outcome);
+        ToolResult { turn, index, call, outcome, record, newly_blocked, new_documents: Vec::new(), summary }
+    }
+
+    /// What the model reads of a call's outcome. A repeat of a call that
+    /// succeeded carries that call's result again: a model that asks twice has
+    /// lost sight of it, and reads it last this way.
+    fn result_text(&self, live: &Live, turn: u32, call: &ToolCall, outcome: &ToolOutcome) -> String {
+        let text = outcome.to_model_text();
+        let ToolOutcome::Skipped { reason: SkipReason::Duplicate, .. } = outcome else { return text };
+        let window = self.shared.config.hooks.dedupe_window_turns;
+        let Some((_, earlier)) = live.ledger.earlier_success(&call.name, &call.args, turn, window) else { return text };
+        let result =
+            live.conversation.iter().rev().find(|message| {
+                message.role == Role::Tool && message.tool_call_id.as_deref() == Some(earlier.as_str())
+            });
+        match result {
+            Some(result) => format!("{text}; its result was: {}", result.content),
+            None => text,
+        }
+    }
+
+    /// Books a built-in's outcome in the ledger and the metrics, as the tool
+    /// pool's after-hooks do for other tools; true when it blocked the tool.
+    fn book_builtin(&self, live: &Live, record: &ToolExecutionRecord, outcome: &ToolOutcome) -> bool {
+        let blocked = live.ledger.record(
+            record.turn,
+            &record.tool,
+            &record.call_id,
+            &record.args,
+            record.status,
+            record.error.as_deref(),
+            &self.shared.config.hooks,
+        );
+        match outcome {
+            ToolOutcome::Skipped { reason, .. } => metrics::tool_skipped(&record.tool, reason.as_str()),
+            _ => metrics::tool_call(
+                &record.tool,
+                record.status.as_str(),
+                std::time::Duration::from_millis(record.duration_ms),
+            ),
+        }
+        if blocked {
+            metrics::tool_blocked(&record.tool);
+        }
+        blocked
     }
 
     /// After the last call of a turn: park for `ask_user` or approvals, or ask

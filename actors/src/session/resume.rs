@@ -23,7 +23,7 @@ use crate::reviewer::CallSummary;
 use crate::session::outbox::Outbox;
 use crate::session::review::Verdict;
 use crate::session::state::{Live, Phase, SessionState, ToolTurn, tools_mut};
-use crate::session::{Session, SessionMsg};
+use crate::session::{Session, SessionMsg, prompt};
 use crate::store::{RunSnapshot, StoredMessage};
 use crate::tool_pool::WorkItem;
 
@@ -126,7 +126,11 @@ impl Session {
         if turn == 0 {
             return self.start_turn(myself, live, 1).await;
         }
-        let synthesis = turn > live.run.limits.max_turns;
+        // Whether the turn had to answer, judged on the conversation before it, as
+        // when it started.
+        let before: Vec<Message> =
+            snapshot.messages.iter().filter(|m| m.turn < turn).map(|m| m.message.clone()).collect();
+        let synthesis = prompt::answer_now(&before, turn, live.run.limits.max_turns).is_some();
         let assistant = snapshot
             .messages
             .iter()

@@ -60,6 +60,7 @@ impl Session {
             final_answer: final_answer.clone(),
             blocked_tools: live.ledger.blocked_tools(turn + 1),
             synthesis,
+            ungrounded: live.agent.grounded && !live.ledger.any_success(&live.agent.tools),
         });
         live.phase = Phase::Review { turn, final_answer, synthesis };
         let session = myself.clone();
@@ -108,7 +109,12 @@ impl Session {
         }
         live.outbox.emit(EventKind::Review { turn, review: Box::new(review.clone()) });
         live.outbox.write(StoreWrite::Review { turn, review: review.clone() });
-        live.append_message(turn, prompt::review_message(turn, &review));
+        // A review that asks for nothing is not shown to the model: "go on" is what
+        // the model does anyway, and a small model takes any text it reads last
+        // for the request, or copies it.
+        if review.recommendation != Recommendation::Proceed {
+            live.append_message(turn, prompt::review_message(turn, &review));
+        }
         live.outbox.emit(EventKind::TurnEnd { turn });
         metrics::turn_finished(live.turn_clock.elapsed());
         let verdict = Verdict { turn, final_answer, synthesis, recommendation: review.recommendation };
@@ -126,13 +132,20 @@ impl Session {
         let max_turns = live.run.limits.max_turns;
         match final_answer {
             Some(answer) => {
+                let not_an_answer = crate::answer::not_an_answer(&answer);
                 let reflect = !synthesis
-                    && recommendation == Recommendation::GatherMore
+                    && (recommendation == Recommendation::GatherMore || not_an_answer.is_some())
                     && live.reflections < self.shared.config.max_reflections
                     && turn < max_turns;
                 if reflect {
                     live.reflections += 1;
                     self.start_turn(myself, live, turn + 1).await
+                } else if let Some(why) = not_an_answer {
+                    // Runtime text or a call written as text is never a final answer,
+                    // whatever the review said.
+                    let reason = format!("no_answer: the model's last reply was {why}");
+                    live.outbox.emit(EventKind::Error { code: "no_answer".to_owned(), message: reason.clone() });
+                    self.finish(myself, live, RunStatus::Failed, Some(reason), None).await
                 } else {
                     self.finish(myself, live, RunStatus::Succeeded, None, Some(answer)).await
                 }

@@ -103,7 +103,16 @@ impl Session {
             self.record_result(live, result);
             return Ok(());
         }
-        match BuiltinTool::from_name(&call.name) {
+        let builtin = BuiltinTool::from_name(&call.name);
+        if builtin.is_some_and(|builtin| builtin != BuiltinTool::RunAgent)
+            && let Some(outcome) = self.builtin_gate(live, turn, &call)
+        {
+            self.emit_call_start(live, turn, &call, format!("Calling {}", call.name));
+            let result = self.builtin_result(live, Answered::now(turn, index, call, outcome));
+            self.record_result(live, result);
+            return Ok(());
+        }
+        match builtin {
             Some(BuiltinTool::ListAgents) => {
                 self.emit_call_start(live, turn, &call, "Listing the agents".to_owned());
                 let outcome = sub_runs::list_agents(&self.shared);
@@ -122,6 +131,23 @@ impl Session {
             },
         }
         Ok(())
+    }
+
+    /// The hook chain's gates for a built-in the session answers itself, as for
+    /// any tool: a built-in blocked after repeated failures is skipped, and so is
+    /// a call identical to one that already succeeded (a model that pastes the
+    /// same plan again, or asks the same question twice, is stopped there).
+    fn builtin_gate(&self, live: &Live, turn: u32, call: &ToolCall) -> Option<ToolOutcome> {
+        let hooks = &self.shared.config.hooks;
+        if live.ledger.is_blocked(&call.name, turn) {
+            let detail = format!("{} is blocked after {} failures; do not call it", call.name, hooks.failure_threshold);
+            return Some(ToolOutcome::skipped(SkipReason::Blocked, detail));
+        }
+        let (earlier_turn, call_id) =
+            live.ledger.earlier_success(&call.name, &call.args, turn, hooks.dedupe_window_turns)?;
+        let detail =
+            format!("identical call already succeeded as call {call_id} in turn {earlier_turn}; use its result above");
+        Some(ToolOutcome::skipped(SkipReason::Duplicate, detail))
     }
 
     /// An `ask_user` call: its question waits for the turn's other calls, then

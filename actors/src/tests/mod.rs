@@ -1,6 +1,7 @@
 //! Actor-tree tests: a real `Runtime` with a scripted model, test tools and the
 //! memory store. Each test drives runs and asserts on their committed events.
 
+mod answers;
 mod approvals;
 mod control;
 mod hooks_e2e;
@@ -43,6 +44,8 @@ struct Setup {
     agent_tools: Option<Vec<String>>,
     /// The agent's reviewer.
     reviewer: ReviewerKind,
+    /// Whether the agent answers only from its tools' results.
+    grounded: bool,
 }
 
 impl Setup {
@@ -56,6 +59,7 @@ impl Setup {
             hooks: Vec::new(),
             agent_tools: None,
             reviewer: ReviewerKind::RuleBased,
+            grounded: false,
         }
     }
 
@@ -80,6 +84,7 @@ impl Setup {
         let mut agent = AgentConfig::new(AGENT, "You are a test agent.", tools);
         agent.limits = self.limits;
         agent.reviewer = self.reviewer;
+        agent.grounded = self.grounded;
         let model = Arc::new(self.model);
         let deps = Deps {
             store: self.store,

@@ -49,15 +49,19 @@ async fn a_planned_run_calls_two_tools_in_parallel_and_answers() {
 
     let requests = harness.requests();
     assert_eq!(requests.len(), 4);
-    let note = state_note(&requests[1]);
-    assert!(
-        note.contains("→ [1] echo both words") && note.contains("○ [2] answer"),
-        "turn 2 prompt shows turn 1's plan: {note}"
-    );
-    assert!(state_note(&requests[3]).contains("✓ [2] answer"));
+    // The model reads its plan in todo_write's result, where it wrote it; the
+    // runtime adds no note of its own after it, and a review that asks for
+    // nothing is not shown: each turn's prompt ends with what the model did last.
+    let plan = &tool_messages(&requests[1])[0];
+    assert!(plan.contains("→ [1] echo both words") && plan.contains("○ [2] answer"), "{plan}");
+    assert!(tool_messages(&requests[3]).last().is_some_and(|plan| plan.contains("✓ [2] answer")));
+    for request in &requests {
+        assert_eq!(state_note(request), "", "no state note while no tool is blocked");
+        let last = request.messages.last().map(|message| message.role);
+        assert!(matches!(last, Some(Role::User | Role::Tool)), "the prompt ends with the request or a result");
+    }
     // The plan changed, the system prompt did not: each turn's prompt starts with
-    // the whole previous one but its closing note, which prompt caches reuse.
-    assert_eq!(requests[0].messages.last().map(|m| m.role), Some(crate::llm::Role::User), "no plan yet: no note");
+    // the whole previous one, which prompt caches reuse.
     for pair in requests.windows(2) {
         let kept = pair[0].messages.len();
         assert_eq!(pair[1].messages[..kept], pair[0].messages[..], "each prompt extends the previous one");
@@ -65,9 +69,9 @@ async fn a_planned_run_calls_two_tools_in_parallel_and_answers() {
     assert_eq!(tool_messages(&requests[2])[1..], ["alpha".to_owned(), "beta".to_owned()]);
 }
 
-/// The closing note of a request: the plan and the blocked tools.
+/// The last state note of a request (the blocked tools), after the system prompt.
 pub(crate) fn state_note(request: &crate::llm::ChatRequest) -> String {
-    let note = request.messages.iter().rev().find(|message| message.role == crate::llm::Role::System);
+    let note = request.messages.iter().skip(1).rev().find(|message| message.role == crate::llm::Role::System);
     note.map(|message| message.content.clone()).unwrap_or_default()
 }
 
@@ -87,14 +91,15 @@ fn positions(events: &[std::sync::Arc<crate::protocol::RunEvent>], wanted: &str)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_reviewer_runs_exactly_once_per_turn_in_every_shape() {
-    // Tool turns, a turn where every call fails, a final-answer turn sent back once
-    // by `gather_more`, and a forced synthesis turn.
+    // Tool turns, a turn where every call fails, a reply that is no answer (the
+    // runtime's own text copied back) sent back once by `gather_more`, and a
+    // forced synthesis turn.
     let shapes = vec![
         vec![calls(&[("echo", json!({"text": "a"}))]), text("final")],
         vec![calls(&[("flaky", json!({})), ("flaky", json!({"x": 1}))]), text("gave up")],
         vec![
             calls(&[("todo_write", todo(&[("1", "look", "pending")]))]),
-            text("premature answer"),
+            text("Review of turn 1 by the runtime (not the user): proceed."),
             text("final answer after reflection"),
         ],
         vec![calls(&[("echo", json!({"text": "1"}))]), calls(&[("echo", json!({"text": "2"}))]), text("synthesized")],

@@ -23,6 +23,7 @@ use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::sampling::LlamaSampler;
 use llama_cpp_2::token::LlamaToken;
+use llama_cpp_2::token::logit_bias::LlamaLogitBias;
 use tokio::sync::mpsc::UnboundedSender;
 use troupe_actors::llm::{ModelChunk, ModelDelta, ModelError, ModelReply};
 use troupe_actors::metrics;
@@ -160,6 +161,12 @@ struct Active {
     /// Greedy decoding with no grammar: the token is the logits' argmax, read in
     /// place (the sampler would first copy every token's logit into a candidate list).
     argmax: bool,
+    /// Tokens this reply may not use: `<tool_call>` when no tool is offered, so a
+    /// turn that must answer (tool choice `none`) cannot open a call instead.
+    banned: Vec<LlamaToken>,
+    /// Tokens that may not open such a reply either: those that start a call
+    /// object or a fence (`{`, `` ``` ``), marked by token id.
+    openers: Option<Arc<Vec<bool>>>,
     gate: TextGate,
     offered: Vec<String>,
     started: Instant,
@@ -198,6 +205,7 @@ fn run(model: &LlamaModel, settings: &LocalSettings, receiver: &Receiver<Work>, 
         (0..parallel).map(|seq| Slot { seq: seq as i32, tokens: Vec::new(), active: None, last_used: 0 }).collect();
     let mut batch = LlamaBatch::new(settings.config.batch as usize, parallel as i32);
     let mut clock = 0u64;
+    let openers = Arc::new(call_openers(model));
     loop {
         // Take new requests while a sequence is free; wait for one when all are idle.
         while slots.iter().any(|slot| slot.active.is_none()) {
@@ -217,7 +225,7 @@ fn run(model: &LlamaModel, settings: &LocalSettings, receiver: &Receiver<Work>, 
             let depth = queued.fetch_sub(1, Ordering::Relaxed).saturating_sub(1);
             metrics::local_model_queue_depth(&settings.name, depth);
             clock += 1;
-            admit(model, settings, &mut context, &mut slots, work, clock);
+            admit(model, settings, &mut context, &mut slots, work, clock, &openers);
         }
         // Requests whose caller went away stop here; their tokens stay cached.
         for slot in &mut slots {
@@ -240,6 +248,7 @@ fn admit(
     slots: &mut [Slot],
     work: Work,
     clock: u64,
+    openers: &Arc<Vec<bool>>,
 ) {
     let Work { job, out } = work;
     let vocab = model.vocab();
@@ -272,7 +281,13 @@ fn admit(
     }
     let cached = slot.tokens.len();
     slot.last_used = clock;
-    let sampler = sampler(model, settings, &job.offered, job.temperature);
+    let banned = if job.offered.is_empty() {
+        let call = vocab.tokenize(chat::CALL_OPEN.as_bytes(), false, true);
+        if call.len() == 1 { call } else { Vec::new() }
+    } else {
+        Vec::new()
+    };
+    let sampler = sampler(model, settings, &job.offered, job.temperature, &banned);
     let argmax = job.temperature <= 0.0 && (job.offered.is_empty() || !settings.config.grammar);
     slot.active = Some(Active {
         out,
@@ -286,10 +301,25 @@ fn admit(
         max_tokens,
         sampler,
         argmax,
+        openers: (!banned.is_empty()).then(|| openers.clone()),
+        banned,
         gate: TextGate::default(),
         offered: job.offered,
         started: Instant::now(),
     });
+}
+
+/// Which tokens open a call written as text: a JSON object or a code fence.
+fn call_openers(model: &LlamaModel) -> Vec<bool> {
+    let vocab = model.vocab();
+    (0..model.n_vocab())
+        .map(|id| {
+            let piece = vocab.token_to_piece(LlamaToken(id), true, None);
+            let text = String::from_utf8_lossy(&piece);
+            let text = text.trim_start();
+            text.starts_with('{') || text.starts_with("```")
+        })
+        .collect()
 }
 
 fn common_prefix(a: &[LlamaToken], b: &[LlamaToken]) -> usize {
@@ -297,9 +327,20 @@ fn common_prefix(a: &[LlamaToken], b: &[LlamaToken]) -> usize {
 }
 
 /// The sampling chain: the call grammar (lazy: it applies once the model opens a
-/// `<tool_call>`), then greedy decoding or temperature sampling.
-fn sampler(model: &LlamaModel, settings: &LocalSettings, offered: &[String], temperature: f32) -> LlamaSampler {
+/// `<tool_call>`), the banned tokens, then greedy decoding or temperature sampling.
+fn sampler(
+    model: &LlamaModel,
+    settings: &LocalSettings,
+    offered: &[String],
+    temperature: f32,
+    banned: &[LlamaToken],
+) -> LlamaSampler {
     let mut chain = Vec::new();
+    if !banned.is_empty() {
+        let biases: Vec<LlamaLogitBias> =
+            banned.iter().map(|token| LlamaLogitBias::new(*token, f32::NEG_INFINITY)).collect();
+        chain.push(LlamaSampler::logit_bias(model.n_vocab(), &biases));
+    }
     if settings.config.grammar
         && let Some(grammar) = chat::call_grammar(offered)
     {
@@ -389,7 +430,14 @@ fn step(
         let Some(at) = active.logits_at else { continue };
         let token = if active.argmax {
             let logits = context.get_logits_ith(at);
-            let best = logits.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map_or(0, |(index, _)| index);
+            let openers = active.openers.as_deref().filter(|_| active.count == 0);
+            let best = logits
+                .iter()
+                .enumerate()
+                .filter(|(index, _)| !active.banned.contains(&LlamaToken(*index as i32)))
+                .filter(|(index, _)| !openers.is_some_and(|openers| openers.get(*index).copied().unwrap_or(false)))
+                .max_by(|a, b| a.1.total_cmp(b.1))
+                .map_or(0, |(index, _)| index);
             LlamaToken(best as i32)
         } else {
             active.sampler.sample(context, at)

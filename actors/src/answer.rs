@@ -1,0 +1,99 @@
+//! The answer guard: text the model wrote that is not an answer to anyone. A
+//! small model continues whatever it read last, so it may copy the runtime's own
+//! text (a review, a note) or write a tool call as plain text. Such a reply is
+//! never a run's final output: the reviewer sends it back, and a run that ends
+//! with nothing else fails with `no_answer` instead of succeeding.
+
+use serde_json::Value;
+
+/// Runtime text a reply must not contain: it marks the runtime's own messages.
+const RUNTIME_MARKERS: &[&str] = &[
+    "The run so far",
+    "updated every turn",
+    "todo_write changes the plan",
+    "Review of turn",
+    "by the runtime (not the user)",
+    "<plan",
+    "</plan>",
+    "<available_tools>",
+    "</available_tools>",
+    "Do not call a tool.",
+    "Do not call tools.",
+    "Answer my request now",
+    "You have used all",
+];
+
+/// Why `text` is not an answer: `"runtime text"` or `"a tool call written as
+/// text"`; `None` when it may be one.
+pub fn not_an_answer(text: &str) -> Option<&'static str> {
+    if RUNTIME_MARKERS.iter().any(|marker| text.contains(marker)) {
+        return Some("runtime text");
+    }
+    let call = text.contains("<tool_call>")
+        || text.contains("</tool_call>")
+        || opens_call(text)
+        || json_objects(text).any(|object| is_call(&object));
+    if call {
+        return Some("a tool call written as text");
+    }
+    None
+}
+
+/// Whether `text` opens an object with a `"name"` that `"arguments"` follow:
+/// a call, even one cut off before it closes.
+fn opens_call(text: &str) -> bool {
+    text.match_indices("\"name\"").any(|(at, _)| {
+        let opened = text[..at].trim_end().ends_with('{');
+        let rest = &text[at..];
+        opened && (rest.contains("\"arguments\"") || rest.contains("\"parameters\""))
+    })
+}
+
+/// Whether an object is a tool call (`name` and `arguments`) or a plan
+/// (`todos`), the shapes a model writes when it means to call a tool.
+fn is_call(object: &serde_json::Map<String, Value>) -> bool {
+    let named = object.get("name").is_some_and(Value::is_string);
+    named && (object.contains_key("arguments") || object.contains_key("parameters")) || object.contains_key("todos")
+}
+
+/// The JSON objects that start at a `{` of `text` (at most 16 tried).
+fn json_objects(text: &str) -> impl Iterator<Item = serde_json::Map<String, Value>> + '_ {
+    text.match_indices('{').take(16).filter_map(|(at, _)| {
+        let mut values = serde_json::Deserializer::from_str(&text[at..]).into_iter::<Value>();
+        match values.next() {
+            Some(Ok(Value::Object(object))) => Some(object),
+            _ => None,
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_pass() {
+        assert_eq!(not_an_answer("The sentence has 5 words."), None);
+        assert_eq!(not_an_answer("Use {curly} braces, or {\"a\": 1} in JSON."), None);
+    }
+
+    #[test]
+    fn runtime_text_is_not_an_answer() {
+        let note = "The run so far (updated every turn; todo_write changes the plan):\n<plan version=\"1\">";
+        assert_eq!(not_an_answer(note), Some("runtime text"));
+        assert_eq!(not_an_answer("Review of turn 2 by the runtime (not the user): proceed."), Some("runtime text"));
+    }
+
+    #[test]
+    fn calls_written_as_text_are_not_answers() {
+        let call = r#"{"name": "todo_write", "arguments": {"todos": []}}"#;
+        assert_eq!(not_an_answer(call), Some("a tool call written as text"));
+        let fenced = "Sure:\n```json\n{\"name\": \"text_stats\", \"arguments\": {\"text\": \"a\"}}\n```";
+        assert_eq!(not_an_answer(fenced), Some("a tool call written as text"));
+        assert_eq!(not_an_answer("<tool_call>\n{}\n</tool_call>"), Some("a tool call written as text"));
+        assert_eq!(not_an_answer(r#"{"todos": [{"id": "1"}]}"#), Some("a tool call written as text"));
+        let cut_off = r#"{"name": "ask_user", "arguments": {"question": "What is it?"}"#;
+        assert_eq!(not_an_answer(cut_off), Some("a tool call written as text"));
+        assert_eq!(not_an_answer(r#"The field "name" holds the sender; "arguments" are not needed."#), None);
+    }
+}

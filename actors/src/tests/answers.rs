@@ -1,0 +1,183 @@
+//! What ends a run as its answer: the built-ins under the hook chain's rules, the
+//! answer guard, and a review that judges the answer rather than the bookkeeping.
+
+use serde_json::json;
+
+use crate::llm::Role;
+use crate::protocol::{CallStatus, EventKind, Limits, Recommendation, RunEvent, RunStatus, SkipReason};
+use crate::testing::{ScriptedModel, calls, text, todo};
+use crate::tests::{Setup, count, tool_messages};
+
+/// The tool, skip reason (if skipped) and turn of every call's telemetry record.
+fn records(events: &[std::sync::Arc<RunEvent>]) -> Vec<(u32, String, CallStatus, Option<String>)> {
+    events
+        .iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::ToolMetric { record } => {
+                Some((record.turn, record.tool.clone(), record.status, record.error.clone()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn skips(events: &[std::sync::Arc<RunEvent>]) -> Vec<(String, SkipReason)> {
+    events
+        .iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::ToolSkipped { tool, reason, .. } => Some((tool.clone(), *reason)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_pasted_again_is_a_duplicate_and_invalid_plans_strike_todo_write_out() {
+    let plan = || ("todo_write", todo(&[("1", "measure", "in_progress")]));
+    let broken = || calls(&[("todo_write", json!({"todos": "Review of turn 1: proceed"}))]);
+    let model = ScriptedModel::per_turn(vec![
+        calls(&[plan()]),
+        calls(&[plan(), ("echo", json!({"text": "go on"}))]),
+        broken(),
+        broken(),
+        broken(),
+        broken(),
+        text("done"),
+    ]);
+    let mut setup = Setup::new(model);
+    setup.limits = Limits { max_turns: 10, ..Limits::default() };
+    let harness = setup.start().await;
+    let (record, events) = harness.run("measure it").await;
+
+    assert_eq!(record.status, RunStatus::Succeeded);
+    assert_eq!(record.final_output.as_deref(), Some("done"));
+    let todo_writes: Vec<(u32, CallStatus, Option<String>)> = records(&events)
+        .into_iter()
+        .filter(|(_, tool, ..)| tool == "todo_write")
+        .map(|(turn, _, status, error)| (turn, status, error))
+        .collect();
+    let invalid = Some("invalid_plan".to_owned());
+    assert_eq!(
+        todo_writes,
+        vec![
+            (1, CallStatus::Completed, None),
+            (2, CallStatus::Skipped, Some("duplicate".to_owned())),
+            (3, CallStatus::Failed, invalid.clone()),
+            (4, CallStatus::Failed, invalid.clone()),
+            (5, CallStatus::Failed, invalid),
+            (6, CallStatus::Skipped, Some("blocked".to_owned())),
+        ],
+        "the same plan twice is a duplicate; three failures block the built-in"
+    );
+    assert_eq!(count(&events, "plan_updated"), 1, "a duplicate changes nothing");
+    let requests = harness.requests();
+    assert!(tool_messages(&requests[2])[1].starts_with("skipped (duplicate)"), "the model sees why");
+    let offered = |turn: usize| requests[turn - 1].tools.iter().any(|tool| tool.name == "todo_write");
+    assert!(offered(5) && !offered(6), "a blocked built-in is not offered while it is blocked");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_question_asked_again_after_its_answer_is_a_duplicate() {
+    let ask = || calls(&[("ask_user", json!({"question": "Which text?"}))]);
+    let model = ScriptedModel::per_turn(vec![ask(), ask(), text("Five words.")]);
+    let harness = Setup::new(model).start().await;
+    let run_id = harness.submit("count the words").await;
+    crate::testing::eventually(std::time::Duration::from_secs(10), "the run parks on its question", || async {
+        harness.runtime.get(run_id).await.unwrap().is_some_and(|run| run.status == RunStatus::WaitingInput)
+    })
+    .await;
+    harness.runtime.input(run_id, "the cat saw the dog sleep").await.unwrap();
+    let (record, events) = harness.finish(run_id).await;
+
+    assert_eq!(record.status, RunStatus::Succeeded, "the second question does not park the run again");
+    assert_eq!(count(&events, "waiting_input"), 1);
+    assert_eq!(skips(&events), vec![("ask_user".to_owned(), SkipReason::Duplicate)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_text_or_a_call_written_as_text_never_ends_a_run_as_its_answer() {
+    let note = "The run so far (updated every turn; todo_write changes the plan):\n<plan version=\"1\">";
+    let call = r#"{"name": "echo", "arguments": {"text": "hi"}}"#;
+    let model = ScriptedModel::per_turn(vec![text(note), text(call)]);
+    let harness = Setup::new(model).start().await;
+    let (record, events) = harness.run("say hi").await;
+
+    assert_eq!(record.status, RunStatus::Failed, "no answer was ever given");
+    assert!(record.reason.as_deref().is_some_and(|reason| reason.starts_with("no_answer")), "{:?}", record.reason);
+    assert_eq!(record.final_output, None);
+    assert_eq!(count(&events, "final_output"), 0);
+    assert!(events.iter().any(|e| matches!(&e.kind, EventKind::Error { code, .. } if code == "no_answer")));
+    // The first reply was sent back with a review that says why.
+    let second = &harness.requests()[1];
+    let review = second.messages.last().map(|message| (message.role, message.content.clone()));
+    assert!(
+        review.as_ref().is_some_and(|(role, text)| *role == Role::User && text.contains("not an answer")),
+        "{review:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_after_a_copied_note_succeeds_with_the_real_answer() {
+    let note = "Review of turn 1 by the runtime (not the user): proceed.";
+    let model = ScriptedModel::per_turn(vec![text(note), text("Hi!")]);
+    let harness = Setup::new(model).start().await;
+    let (record, _) = harness.run("say hi").await;
+    assert_eq!(record.status, RunStatus::Succeeded);
+    assert_eq!(record.final_output.as_deref(), Some("Hi!"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grounded_agent_answering_from_memory_is_sent_back_to_look_first() {
+    let model = ScriptedModel::per_turn(vec![
+        text("You have three deliveries today."),
+        calls(&[("echo", json!({"text": "one delivery: the chair"}))]),
+        text("One delivery today: the chair."),
+    ]);
+    let mut setup = Setup::new(model);
+    setup.grounded = true;
+    let harness = setup.start().await;
+    let (record, events) = harness.run("any deliveries today?").await;
+
+    assert_eq!(record.status, RunStatus::Succeeded);
+    assert_eq!(record.final_output.as_deref(), Some("One delivery today: the chair."));
+    let verdicts: Vec<Recommendation> = events
+        .iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::Review { review, .. } => Some(review.recommendation),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(verdicts, vec![Recommendation::GatherMore, Recommendation::Proceed, Recommendation::Proceed]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_is_not_grounded_may_answer_at_once() {
+    let model = ScriptedModel::per_turn(vec![text("Paris.")]);
+    let harness = Setup::new(model).start().await;
+    let (record, events) = harness.run("capital of France?").await;
+    assert_eq!(record.final_output.as_deref(), Some("Paris."));
+    assert_eq!(count(&events, "turn_start"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_repeated_after_it_succeeded_is_followed_by_a_turn_that_must_answer() {
+    let echo = || calls(&[("echo", json!({"text": "five words"}))]);
+    let model = ScriptedModel::per_turn(vec![echo(), echo(), text("It has five words.")]);
+    let harness = Setup::new(model).start().await;
+    let (record, events) = harness.run("how many words?").await;
+
+    assert_eq!(record.status, RunStatus::Succeeded);
+    assert_eq!(record.final_output.as_deref(), Some("It has five words."));
+    assert_eq!(skips(&events), vec![("echo".to_owned(), SkipReason::Duplicate)]);
+    let requests = harness.requests();
+    assert_eq!(requests.len(), 3);
+    let repeat = &tool_messages(&requests[2])[1];
+    assert!(repeat.starts_with("skipped (duplicate)") && repeat.ends_with("its result was: five words"), "{repeat}");
+    let answer_turn = &requests[2];
+    assert_eq!(answer_turn.tool_choice, crate::llm::ToolChoice::None, "the repeat's next turn may call no tool");
+    assert!(answer_turn.messages.last().is_some_and(|m| m.content.starts_with("Answer my request now")));
+    for pair in requests.windows(2) {
+        let kept = pair[0].messages.len();
+        assert_eq!(pair[1].messages[..kept], pair[0].messages[..], "each prompt extends the previous one");
+    }
+}
