@@ -320,7 +320,28 @@ impl ToolHook for ValidateArgs {
                 detail: format!("arguments do not match the schema: {}", problems.join("; ")),
             };
         }
+        if let Some(placeholder) = placeholder_in(&args) {
+            return BeforeCall::Skip {
+                reason: SkipReason::InvalidArgs,
+                detail: format!("{placeholder} is a placeholder from the tool guide's example: use the real value"),
+            };
+        }
         if parsed { BeforeCall::Rewrite(args) } else { BeforeCall::Run }
+    }
+}
+
+/// A string argument that is still a placeholder of the tool guide's examples
+/// (`"<an id from search_emails>"`): a model that copies an example calls with it.
+fn placeholder_in(args: &Value) -> Option<&str> {
+    match args {
+        Value::String(text) => {
+            let inner = text.strip_prefix('<')?.strip_suffix('>')?;
+            let looks_like_one = inner.contains(' ') && !inner.contains(['<', '>']);
+            looks_like_one.then_some(text.as_str())
+        }
+        Value::Array(values) => values.iter().find_map(placeholder_in),
+        Value::Object(fields) => fields.values().find_map(placeholder_in),
+        _ => None,
     }
 }
 
@@ -526,6 +547,17 @@ mod tests {
             .after(&context(&ledger, &config), &call(json!({})), ToolOutcome::Ok { value: json!(1), fragments: vec![] })
             .await;
         assert_eq!(outcome, ToolOutcome::Ok { value: json!(2), fragments: vec![] });
+    }
+
+    #[test]
+    fn a_placeholder_copied_from_the_guide_is_found_in_the_arguments() {
+        assert_eq!(
+            placeholder_in(&json!({"email_id": "<an id from search_emails>"})),
+            Some("<an id from search_emails>")
+        );
+        assert_eq!(placeholder_in(&json!({"todos": [{"content": "<first step>"}]})), Some("<first step>"));
+        assert_eq!(placeholder_in(&json!({"text": "<b>bold</b> text"})), None);
+        assert_eq!(placeholder_in(&json!({"to": "<sam@brightdesk.example>"})), None, "an address in brackets is data");
     }
 
     #[tokio::test]
