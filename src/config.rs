@@ -212,7 +212,14 @@ fn set_path(table: &mut toml::Table, path: &[String], value: toml::Value) -> Res
 
 /// Parses an agent file.
 pub fn parse_agent(origin: &str, text: &str) -> Result<AgentConfig, ConfigError> {
-    toml::from_str(text).map_err(|error| ConfigError::Invalid { origin: origin.to_owned(), message: error.to_string() })
+    let agent: AgentConfig = toml::from_str(text)
+        .map_err(|error| ConfigError::Invalid { origin: origin.to_owned(), message: error.to_string() })?;
+    if let Some(name) = agent.without_builtins.iter().find(|name| !["todo_write", "ask_user"].contains(&name.as_str()))
+    {
+        let message = format!("without_builtins names {name:?}; only todo_write and ask_user can be left out");
+        return Err(ConfigError::Invalid { origin: origin.to_owned(), message });
+    }
+    Ok(agent)
 }
 
 fn parse_table(origin: &str, text: &str) -> Result<toml::Table, ConfigError> {

@@ -21,6 +21,9 @@ const RUNTIME_MARKERS: &[&str] = &[
     "Do not call tools.",
     "Answer my request now",
     "You have used all",
+    "skipped (duplicate)",
+    "identical call already succeeded",
+    "its result was:",
 ];
 
 /// Why `text` is not an answer: `"runtime text"` or `"a tool call written as
@@ -82,6 +85,8 @@ mod tests {
         let note = "The run so far (updated every turn; todo_write changes the plan):\n<plan version=\"1\">";
         assert_eq!(not_an_answer(note), Some("runtime text"));
         assert_eq!(not_an_answer("Review of turn 2 by the runtime (not the user): proceed."), Some("runtime text"));
+        let skip = "skipped (duplicate): identical call already succeeded as call json18_0 in turn 1";
+        assert_eq!(not_an_answer(skip), Some("runtime text"));
     }
 
     #[test]

@@ -134,6 +134,10 @@ pub struct AgentConfig {
     /// of its tools returned a result is sent back once by the rule-based review.
     #[serde(default)]
     pub grounded: bool,
+    /// Built-ins offered to every agent that this one is not offered
+    /// (`todo_write`, `ask_user`): an agent that should never ask the user, say.
+    #[serde(default)]
+    pub without_builtins: Vec<String>,
 }
 
 impl AgentConfig {
@@ -147,6 +151,7 @@ impl AgentConfig {
             limits: Limits::default(),
             reviewer: ReviewerKind::RuleBased,
             grounded: false,
+            without_builtins: Vec::new(),
         }
     }
 }

@@ -70,7 +70,7 @@ pub fn offered_tools(
     docs: &BTreeMap<String, String>,
 ) -> Vec<Arc<ToolDefinition>> {
     let mut tools = vec![planner::todo_write_definition(), ask_user_definition()];
-    tools.retain(|tool| !blocked.contains(&tool.name));
+    tools.retain(|tool| !blocked.contains(&tool.name) && !agent.without_builtins.contains(&tool.name));
     tools.extend(agent.tools.iter().filter(|name| !blocked.contains(name)).filter_map(|name| {
         match BuiltinTool::from_name(name) {
             Some(BuiltinTool::ListAgents) => Some(super::sub_runs::list_agents_definition()),

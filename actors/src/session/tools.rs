@@ -269,6 +269,9 @@ impl Session {
     /// Whether the call names a tool this agent may not use (one it was not
     /// offered). Unknown tools go on to be reported as unknown.
     pub(super) fn forbidden(&self, live: &Live, name: &str) -> bool {
+        if live.agent.without_builtins.iter().any(|tool| tool == name) {
+            return true;
+        }
         let known = self.shared.pool.registry.get(name).is_some()
             || BuiltinTool::from_name(name).is_some_and(BuiltinTool::opt_in);
         known && !live.agent.tools.iter().any(|tool| tool == name)

@@ -181,3 +181,20 @@ async fn a_call_repeated_after_it_succeeded_is_followed_by_a_turn_that_must_answ
         assert_eq!(pair[1].messages[..kept], pair[0].messages[..], "each prompt extends the previous one");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_without_ask_user_is_not_offered_it_and_cannot_park_on_it() {
+    let model = ScriptedModel::per_turn(vec![
+        calls(&[("ask_user", json!({"question": "Which mailbox?"}))]),
+        text("Nothing to ask: here is the answer."),
+    ]);
+    let mut setup = Setup::new(model);
+    setup.without_builtins = vec!["ask_user".to_owned()];
+    let harness = setup.start().await;
+    let (record, events) = harness.run("answer from the tools").await;
+
+    assert_eq!(record.status, RunStatus::Succeeded, "the run never parks");
+    assert_eq!(count(&events, "waiting_input"), 0);
+    assert_eq!(skips(&events), vec![("ask_user".to_owned(), SkipReason::Denied)]);
+    assert!(harness.requests().iter().all(|request| request.tools.iter().all(|tool| tool.name != "ask_user")));
+}

