@@ -153,15 +153,7 @@ impl RunLedger {
     pub fn rebuild(records: &[ToolExecutionRecord], documents: &[Fragment], config: &HookConfig) -> Self {
         let ledger = Self::new();
         for record in records {
-            ledger.record(
-                record.turn,
-                &record.tool,
-                &record.call_id,
-                &record.args,
-                record.status,
-                record.error.as_deref(),
-                config,
-            );
+            ledger.record_execution(record, config);
         }
         ledger.add_documents(documents);
         ledger
@@ -198,6 +190,19 @@ impl RunLedger {
         let (earlier_turn, call_id) = state.successes.get(&key)?;
         let in_window = window.is_none_or(|window| turn.saturating_sub(*earlier_turn) <= window);
         in_window.then(|| (*earlier_turn, call_id.clone()))
+    }
+
+    /// Books a finished call from its record. Returns true when it blocked the tool.
+    pub fn record_execution(&self, record: &ToolExecutionRecord, config: &HookConfig) -> bool {
+        self.record(
+            record.turn,
+            &record.tool,
+            &record.call_id,
+            &record.args,
+            record.status,
+            record.error.as_deref(),
+            config,
+        )
     }
 
     /// Whether a call of one of `tools` has succeeded in this run.

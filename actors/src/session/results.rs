@@ -175,15 +175,7 @@ impl Session {
     /// Books a built-in's outcome in the ledger and the metrics, as the tool
     /// pool's after-hooks do for other tools; true when it blocked the tool.
     fn book_builtin(&self, live: &Live, record: &ToolExecutionRecord, outcome: &ToolOutcome) -> bool {
-        let blocked = live.ledger.record(
-            record.turn,
-            &record.tool,
-            &record.call_id,
-            &record.args,
-            record.status,
-            record.error.as_deref(),
-            &self.shared.config.hooks,
-        );
+        let blocked = live.ledger.record_execution(record, &self.shared.config.hooks);
         match outcome {
             ToolOutcome::Skipped { reason, .. } => metrics::tool_skipped(&record.tool, reason.as_str()),
             _ => metrics::tool_call(
