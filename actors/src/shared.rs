@@ -12,7 +12,7 @@ use ractor::ActorRef;
 
 use crate::config::{AgentConfig, RuntimeConfig};
 use crate::events::EventHub;
-use crate::llm::ModelRegistry;
+use crate::llm::{ModelRegistry, ToolDefinition};
 use crate::metrics;
 use crate::protocol::{EventKind, Limits, RunEvent, RunId, RunStatus, Usage};
 use crate::reviewer::ReviewerMsg;
@@ -35,6 +35,8 @@ pub struct RuntimeShared {
     pub hub: Arc<EventHub>,
     /// Settings.
     pub config: RuntimeConfig,
+    /// Every tool the runtime can offer, described by the tool guide, by name.
+    pub described_tools: HashMap<String, Arc<ToolDefinition>>,
 }
 
 /// The current refs of the shared actors; sessions read them on every use, so a

@@ -91,10 +91,12 @@ impl Runtime {
             default_timeout: config.tool_pool.default_timeout,
             timeouts,
         };
+        let described_tools = crate::session::prompt::described_tools(&pool.registry, &config.tool_docs);
         let shared = Arc::new(RuntimeShared {
             store: deps.store,
             models: deps.models,
             pool: Arc::new(pool),
+            described_tools,
             agents,
             handles: Handles::default(),
             hub: Arc::new(EventHub::new(config.event_buffer)),

@@ -37,7 +37,7 @@ mod input;
 mod model;
 mod outbox;
 mod plan;
-mod prompt;
+pub(crate) mod prompt;
 mod results;
 mod resume;
 mod review;

@@ -46,8 +46,7 @@ impl Session {
         let answer_now = prompt::answer_now(&live.conversation, turn, live.run.limits.max_turns);
         let synthesis = answer_now.is_some();
         let blocked = live.ledger.blocked_tools(turn);
-        let tools =
-            prompt::offered_tools(&live.agent, &self.shared.pool.registry, &blocked, &self.shared.config.tool_docs);
+        let tools = prompt::offered_tools(&live.agent, &self.shared.described_tools, &blocked);
         let system = prompt::system_prompt(&live.agent);
         // A note that no longer holds is replaced, also by one saying the state is empty.
         let note = prompt::state_note(&blocked)

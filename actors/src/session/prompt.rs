@@ -9,7 +9,7 @@
 //! instead of being rewritten in the system prompt; the synthesis turn keeps the tools on
 //! offer (with tool choice `none`) so that it too extends the previous prompt.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, LazyLock};
 
 use serde_json::Value;
@@ -58,36 +58,54 @@ pub fn ask_user_question(args: &Value) -> Option<String> {
     args.get("question").and_then(Value::as_str).filter(|q| !q.trim().is_empty()).map(str::to_owned)
 }
 
-/// Tools offered this turn: the built-ins, then the agent's registered tools;
-/// a tool blocked after repeated failures (a built-in too) is not offered. A
-/// tool with an entry in the tool guide (`docs`, by name) is described by it:
-/// the guide is read where the model looks for a tool's purpose, once, rather
-/// than a second time in the system prompt.
+/// Every tool the runtime can offer (the built-ins and `registry`'s), each
+/// described by its tool guide entry (`docs`, by name) when it has one: the guide
+/// is read where the model looks for a tool's purpose, once, rather than a second
+/// time in the system prompt. Built once, when the runtime starts.
+pub fn described_tools(
+    registry: &ToolRegistry,
+    docs: &BTreeMap<String, String>,
+) -> HashMap<String, Arc<ToolDefinition>> {
+    let builtins = [
+        planner::todo_write_definition(),
+        ask_user_definition(),
+        super::sub_runs::list_agents_definition(),
+        super::sub_runs::run_agent_definition(),
+    ];
+    let registered = registry.names().into_iter().filter_map(|name| registry.definition(&name));
+    builtins
+        .into_iter()
+        .chain(registered)
+        .map(|tool| {
+            let described = match docs.get(&tool.name) {
+                Some(entry) => Arc::new(ToolDefinition {
+                    name: tool.name.clone(),
+                    description: guide_description(entry),
+                    parameters: tool.parameters.clone(),
+                }),
+                None => tool,
+            };
+            (described.name.clone(), described)
+        })
+        .collect()
+}
+
+/// Tools offered this turn, from `described` ([`described_tools`]): `todo_write`
+/// and `ask_user` (unless the agent leaves them out), then the agent's tools; a
+/// tool blocked after repeated failures (a built-in too) is not offered.
 pub fn offered_tools(
     agent: &AgentConfig,
-    registry: &ToolRegistry,
+    described: &HashMap<String, Arc<ToolDefinition>>,
     blocked: &[String],
-    docs: &BTreeMap<String, String>,
 ) -> Vec<Arc<ToolDefinition>> {
-    let mut tools = vec![planner::todo_write_definition(), ask_user_definition()];
-    tools.retain(|tool| !blocked.contains(&tool.name) && !agent.without_builtins.contains(&tool.name));
-    tools.extend(agent.tools.iter().filter(|name| !blocked.contains(name)).filter_map(|name| {
-        match BuiltinTool::from_name(name) {
-            Some(BuiltinTool::ListAgents) => Some(super::sub_runs::list_agents_definition()),
-            Some(BuiltinTool::RunAgent) => Some(super::sub_runs::run_agent_definition()),
-            _ => registry.definition(name),
-        }
-    }));
-    for tool in &mut tools {
-        if let Some(entry) = docs.get(&tool.name) {
-            *tool = Arc::new(ToolDefinition {
-                name: tool.name.clone(),
-                description: guide_description(entry),
-                parameters: tool.parameters.clone(),
-            });
-        }
-    }
-    tools
+    let always = [BuiltinTool::TodoWrite.name(), BuiltinTool::AskUser.name()]
+        .into_iter()
+        .filter(|name| !agent.without_builtins.iter().any(|left_out| left_out == name));
+    always
+        .chain(agent.tools.iter().map(String::as_str))
+        .filter(|name| !blocked.iter().any(|tool| tool == name))
+        .filter_map(|name| described.get(name).cloned())
+        .collect()
 }
 
 /// A tool guide entry as a tool's description: its text, without markdown bold.
