@@ -219,6 +219,8 @@ pub fn parse_agent(origin: &str, text: &str) -> Result<AgentConfig, ConfigError>
         let message = format!("without_builtins names {name:?}; only todo_write and ask_user can be left out");
         return Err(ConfigError::Invalid { origin: origin.to_owned(), message });
     }
+    troupe_actors::steps::check(&agent.steps, &agent.tools)
+        .map_err(|message| ConfigError::Invalid { origin: origin.to_owned(), message })?;
     Ok(agent)
 }
 

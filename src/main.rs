@@ -123,6 +123,10 @@ enum Command {
         /// Exit with failure when fewer than this share of the tasks pass (0–1).
         #[arg(long, default_value_t = 1.0)]
         min_pass: f64,
+        /// Keep the scratch folder (its troupe.db holds every run, its events and
+        /// messages) and print where it is, instead of deleting it.
+        #[arg(long)]
+        keep: bool,
     },
     /// Resume the runs a previous process left unfinished in the store, and wait
     /// until they have all ended.
@@ -355,13 +359,17 @@ fn in_process(
     };
     let mut config = setup::load_config(Overrides { config_file, data_dir, bind }, &env)?;
     let agents_dir = setup::agents_dir(agents_dir);
-    if let Command::Eval { file, tag, tasks, json, timeout, min_pass } = command {
+    if let Command::Eval { file, tag, tasks, json, timeout, min_pass, keep } = command {
         let args = EvalArgs { file, tag, tasks, json, timeout: Duration::from_secs(timeout), min_pass };
         let tasks = eval::select(&args)?;
         let scratch = eval::scratch(&mut config)?;
         let app = runtime.block_on(App::build(config, &env, Purpose::Eval, agents_dir.as_deref()))?;
         let outcome = runtime.block_on(eval::run(app, tasks, &args));
-        let _ = std::fs::remove_dir_all(&scratch);
+        if keep {
+            eprintln!("the eval's runs are kept in {}", scratch.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&scratch);
+        }
         return outcome;
     }
     let (purpose, command) = match command {

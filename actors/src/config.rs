@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::hooks::HookConfig;
 use crate::planner::PlannerConfig;
 use crate::protocol::Limits;
+use crate::steps::AgentStep;
 use crate::tool_pool::ToolPoolConfig;
 
 /// Serde for durations written as seconds; kept here under its old path.
@@ -138,6 +139,10 @@ pub struct AgentConfig {
     /// (`todo_write`, `ask_user`): an agent that should never ask the user, say.
     #[serde(default)]
     pub without_builtins: Vec<String>,
+    /// Tool calls its runs open with, in order, before the model takes over
+    /// (see [`crate::steps`]).
+    #[serde(default)]
+    pub steps: Vec<AgentStep>,
 }
 
 impl AgentConfig {
@@ -152,6 +157,7 @@ impl AgentConfig {
             reviewer: ReviewerKind::RuleBased,
             grounded: false,
             without_builtins: Vec::new(),
+            steps: Vec::new(),
         }
     }
 }

@@ -16,6 +16,8 @@
 //! - [`tool_pool`]: the shared executor: a bounded queue and linked workers.
 //! - [`hooks`]: the hook chain every tool call goes through, and its built-ins.
 //! - [`reviewer`]: judges every turn.
+//! - [`steps`]: the tool calls an agent's runs open with, before the model
+//!   takes over.
 //! - [`events`]: live fan-out of committed events, with replay from the store.
 //! - Ports: [`llm`] (the model), [`tool`] (tools), [`store`] (runs, events and the
 //!   in-memory store).
@@ -58,6 +60,7 @@ pub mod run_input;
 pub mod runtime;
 pub mod session;
 pub mod shared;
+pub mod steps;
 pub mod store;
 pub mod supervisor;
 pub mod tool;

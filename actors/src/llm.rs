@@ -66,7 +66,7 @@ pub struct ToolDefinition {
 }
 
 /// Whether the model may call tools.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ToolChoice {
     /// The model decides.
@@ -74,6 +74,19 @@ pub enum ToolChoice {
     Auto,
     /// No tool calls (the synthesis call).
     None,
+    /// A call of this tool, and nothing else (an agent step the model writes).
+    Tool(String),
+}
+
+impl ToolChoice {
+    /// The names of the tools of `tools` the model may call.
+    pub fn callable(&self, tools: &[Arc<ToolDefinition>]) -> Vec<String> {
+        match self {
+            Self::Auto => tools.iter().map(|tool| tool.name.clone()).collect(),
+            Self::None => Vec::new(),
+            Self::Tool(name) => tools.iter().filter(|tool| &tool.name == name).map(|tool| tool.name.clone()).collect(),
+        }
+    }
 }
 
 /// One request to the model.

@@ -91,12 +91,18 @@ impl Tool for AnalyzeEmailContent {
             (None, Some(text)) if !text.trim().is_empty() => (text.to_owned(), String::new(), None),
             _ => return Err(ToolError::InvalidArgs("give exactly one of email_id and a non-empty text".to_owned())),
         };
-        let mut analysis = match self.ask_model(&text).await {
-            Ok(analysis) => analysis,
-            Err(why) => {
-                let mut estimate = rules(&text, &folder);
-                estimate["note"] = json!(format!("{why}; this is the rule-based estimate"));
-                estimate
+        // The mail system's own filter already judged an email filed as spam; a
+        // small model that reads "your parcel" and says delivery does not overrule it.
+        let mut analysis = if folder == "spam" {
+            filed_as_spam(email.as_ref())
+        } else {
+            match self.ask_model(&text).await {
+                Ok(analysis) => analysis,
+                Err(why) => {
+                    let mut estimate = rules(&text, &folder);
+                    estimate["note"] = json!(format!("{why}; this is the rule-based estimate"));
+                    estimate
+                }
             }
         };
         analysis["model"] = json!(self.model.name());
@@ -131,6 +137,19 @@ impl AnalyzeEmailContent {
         }
         Err("the model's reply ended early".to_owned())
     }
+}
+
+/// The analysis of an email that the mail system filed as spam.
+fn filed_as_spam(email: Option<&crate::email::mailbox::Email>) -> Value {
+    json!({
+        "classification": "spam",
+        "confidence": 0.95,
+        "sentiment": "neutral",
+        "urgency": "low",
+        "summary": format!("filed as spam: {}", email.map(|email| email.subject.as_str()).unwrap_or_default()),
+        "requested_action": Value::Null,
+        "method": "folder",
+    })
 }
 
 /// The analysis in a model's reply: the outermost JSON object of the text, with a

@@ -243,9 +243,15 @@ impl Mailbox {
         count(self.pool().await?).await
     }
 
-    /// Emails matching `query`.
+    /// Emails matching `query`. A query that names emails by their id (a word of
+    /// its text is an email's id, with or without `<>`) finds those emails, in
+    /// whichever folder they are.
     pub async fn search(&self, query: &SearchQuery) -> Result<Vec<Email>, MailboxError> {
         let pool = self.pool().await?;
+        let named = named_emails(pool, &query.text).await?;
+        if !named.is_empty() {
+            return Ok(named.into_iter().take(query.limit.max(1) as usize).collect());
+        }
         let terms = fts_terms(&query.text);
         let mut sql = String::from("SELECT e.* FROM emails e");
         let mut binds: Vec<String> = Vec::new();
@@ -502,6 +508,24 @@ fn day_start(day: NaiveDate) -> DateTime<Utc> {
         .from_local_datetime(&midnight)
         .earliest()
         .map_or_else(|| midnight.and_utc(), |start| start.with_timezone(&Utc))
+}
+
+/// The emails whose ids are words of `text`, in the order the text names them.
+async fn named_emails(pool: &SqlitePool, text: &str) -> Result<Vec<Email>, MailboxError> {
+    let mut found: Vec<Email> = Vec::new();
+    let words = text.split_whitespace().map(|word| {
+        word.trim_matches(|c: char| matches!(c, '<' | '>' | '"' | '\'' | ',' | '.' | '?' | '!' | ';' | ':' | '(' | ')'))
+    });
+    for word in words.filter(|word| word.contains('@')) {
+        let row = sqlx::query("SELECT * FROM emails WHERE id = ?").bind(word).fetch_optional(pool).await?;
+        if let Some(row) = row {
+            let named = email(&row)?;
+            if !found.iter().any(|earlier| earlier.id == named.id) {
+                found.push(named);
+            }
+        }
+    }
+    Ok(found)
 }
 
 /// Words to stop searching for: they are in nearly every email.

@@ -48,7 +48,7 @@ fn reply_to(request: &ChatRequest) -> ModelReply {
         ]})
     };
     let stats = request.messages.iter().rev().find(|m| m.role == Role::Tool && m.content.contains("\"words\""));
-    let (content, tool_calls) = match (request.tool_choice, turn, stats) {
+    let (content, tool_calls) = match (&request.tool_choice, turn, stats) {
         (ToolChoice::Auto, 1, _) if offers("todo_write") => {
             (String::new(), vec![call("todo_write", plan("in_progress"))])
         }

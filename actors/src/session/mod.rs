@@ -51,7 +51,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent
 use tracing::{Instrument, info_span, warn};
 
 use crate::llm::{ModelError, ModelReply};
-use crate::protocol::{EventKind, Review, RunId, RunStatus, Usage};
+use crate::protocol::{EventKind, Review, RunId, RunStatus, ToolCall, Usage};
 use crate::run_input::{InputError, RunInput};
 use crate::session::state::Phase;
 use crate::shared::RuntimeShared;
@@ -81,6 +81,13 @@ pub enum SessionMsg {
         result: Result<ModelReply, ModelError>,
         /// Wall time of the call.
         elapsed: std::time::Duration,
+    },
+    /// The call of an agent step, made in place of the model's reply (sent to itself).
+    StepCall {
+        /// The turn.
+        turn: u32,
+        /// The call.
+        call: ToolCall,
     },
     /// A tool call ended.
     ToolDone(Box<ToolResult>),
@@ -221,6 +228,7 @@ impl Session {
             SessionMsg::ModelDone { turn, result, elapsed } => {
                 self.on_model_done(&myself, live, turn, result, elapsed).await
             }
+            SessionMsg::StepCall { turn, call } => self.on_step_call(&myself, live, turn, call).await,
             SessionMsg::ToolDone(result) => self.on_tools_done(&myself, live, vec![*result]).await,
             SessionMsg::ToolResults(inbox) => self.on_tools_done(&myself, live, inbox.take()).await,
             SessionMsg::SubRunSpent { usage } => {

@@ -9,13 +9,14 @@ use std::time::Instant;
 use futures::StreamExt;
 use ractor::{ActorProcessingErr, ActorRef};
 
-use crate::llm::{Message, ModelChunk, ModelClient, ModelDelta, ModelError, ModelReply, Role};
+use crate::llm::{Message, ModelChunk, ModelClient, ModelDelta, ModelError, ModelReply, Role, ToolChoice};
 use crate::metrics;
 use crate::protocol::{EventKind, RunStatus, ToolCall};
 use crate::session::prompt;
 use crate::session::state::{AbortOnDrop, DeltaInbox, Live, Phase, ToolTurn};
 use crate::session::{Session, SessionMsg};
 use crate::shared::over_budget;
+use crate::steps::{self, NextStep};
 use crate::store::StoreWrite;
 
 impl Session {
@@ -56,7 +57,31 @@ impl Session {
         {
             live.append_message(turn, Message::text(Role::System, note));
         }
-        let request = prompt::build_request(system, &live.conversation, tools, answer_now);
+        let step = if synthesis { None } else { steps::next(&live.agent.steps, &live.run.input, &live.conversation) };
+        let forced = match step {
+            Some(NextStep::Call { tool, args }) => {
+                // The runtime makes this turn's call; it is booked as the model's
+                // would be, with a call id of its own.
+                live.phase = Phase::Model { turn, synthesis };
+                let call = ToolCall { call_id: format!("step_{turn}"), name: tool, args };
+                let _ = myself.cast(SessionMsg::StepCall { turn, call });
+                return;
+            }
+            Some(NextStep::Model { tool, .. }) => Some(ToolChoice::Tool(tool)),
+            Some(NextStep::Answer { prompt }) => {
+                // The request, asked again right before the answer: a small model
+                // answers what it read last.
+                if live.conversation.last().is_none_or(|last| last.role != Role::User || last.content != prompt) {
+                    live.append_message(turn, Message::text(Role::User, prompt));
+                }
+                Some(ToolChoice::None)
+            }
+            None => None,
+        };
+        let mut request = prompt::build_request(system, &live.conversation, tools, answer_now);
+        if let Some(choice) = forced {
+            request.tool_choice = choice;
+        }
         let model = live.model.clone();
         let limit = self.shared.config.model_timeout;
         let done = ModelDoneGuard { session: myself.clone(), turn, started: Instant::now(), sent: false };
@@ -121,9 +146,46 @@ impl Session {
             live.outbox.emit(EventKind::DecodeError { turn, detail: detail.clone() });
         }
         // The synthesis turn answers; any tool calls it makes anyway are ignored.
-        let calls = if synthesis { Vec::new() } else { unique_call_ids(turn, reply.tool_calls) };
-        let message =
-            Message { role: Role::Assistant, content: reply.content, tool_calls: calls.clone(), tool_call_id: None };
+        let mut calls = if synthesis { Vec::new() } else { unique_call_ids(turn, reply.tool_calls) };
+        // A step the model writes keeps the arguments the step fixes.
+        if let Some(NextStep::Model { tool, fixed }) =
+            steps::next(&live.agent.steps, &live.run.input, &live.conversation)
+        {
+            for call in calls.iter_mut().filter(|call| call.name == tool) {
+                if let serde_json::Value::Object(args) = &mut call.args {
+                    args.extend(fixed.clone());
+                }
+            }
+        }
+        self.on_reply(myself, live, turn, reply.content, calls, synthesis).await
+    }
+
+    /// The call of an agent step the runtime makes (see [`steps`]), in place of
+    /// the model's reply.
+    pub(super) async fn on_step_call(
+        &self,
+        myself: &ActorRef<SessionMsg>,
+        live: &mut Live,
+        turn: u32,
+        call: ToolCall,
+    ) -> Result<(), ActorProcessingErr> {
+        if !matches!(live.phase, Phase::Model { turn: current, .. } if current == turn) {
+            return Ok(());
+        }
+        self.on_reply(myself, live, turn, String::new(), vec![call], false).await
+    }
+
+    /// A turn's reply: an answer goes to review; calls go to the tools.
+    async fn on_reply(
+        &self,
+        myself: &ActorRef<SessionMsg>,
+        live: &mut Live,
+        turn: u32,
+        content: String,
+        calls: Vec<ToolCall>,
+        synthesis: bool,
+    ) -> Result<(), ActorProcessingErr> {
+        let message = Message { role: Role::Assistant, content, tool_calls: calls.clone(), tool_call_id: None };
         live.append_message(turn, message.clone());
         if calls.is_empty() {
             return self.request_review(myself, live, turn, Some(message.content), synthesis).await;

@@ -5,6 +5,7 @@ mod answers;
 mod approvals;
 mod control;
 mod hooks_e2e;
+mod steps;
 mod sub_runs;
 mod supervision;
 mod turn_loop;
@@ -48,6 +49,8 @@ struct Setup {
     grounded: bool,
     /// Built-ins the agent is not offered.
     without_builtins: Vec<String>,
+    /// The agent's steps.
+    steps: Vec<crate::steps::AgentStep>,
 }
 
 impl Setup {
@@ -63,6 +66,7 @@ impl Setup {
             reviewer: ReviewerKind::RuleBased,
             grounded: false,
             without_builtins: Vec::new(),
+            steps: Vec::new(),
         }
     }
 
@@ -89,6 +93,7 @@ impl Setup {
         agent.reviewer = self.reviewer;
         agent.grounded = self.grounded;
         agent.without_builtins = self.without_builtins;
+        agent.steps = self.steps;
         let model = Arc::new(self.model);
         let deps = Deps {
             store: self.store,

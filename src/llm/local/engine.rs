@@ -287,8 +287,9 @@ fn admit(
     } else {
         Vec::new()
     };
-    let sampler = sampler(model, settings, &job.offered, job.temperature, &banned);
-    let argmax = job.temperature <= 0.0 && (job.offered.is_empty() || !settings.config.grammar);
+    let sampler = sampler(model, settings, &job, &banned);
+    let argmax =
+        job.temperature <= 0.0 && job.required.is_none() && (job.offered.is_empty() || !settings.config.grammar);
     slot.active = Some(Active {
         out,
         prompt,
@@ -327,22 +328,27 @@ fn common_prefix(a: &[LlamaToken], b: &[LlamaToken]) -> usize {
 }
 
 /// The sampling chain: the call grammar (lazy: it applies once the model opens a
-/// `<tool_call>`), the banned tokens, then greedy decoding or temperature sampling.
-fn sampler(
-    model: &LlamaModel,
-    settings: &LocalSettings,
-    offered: &[String],
-    temperature: f32,
-    banned: &[LlamaToken],
-) -> LlamaSampler {
+/// `<tool_call>`; from the first token when a call is required), the banned
+/// tokens, then greedy decoding or temperature sampling.
+fn sampler(model: &LlamaModel, settings: &LocalSettings, job: &PromptJob, banned: &[LlamaToken]) -> LlamaSampler {
+    let temperature = job.temperature;
     let mut chain = Vec::new();
     if !banned.is_empty() {
         let biases: Vec<LlamaLogitBias> =
             banned.iter().map(|token| LlamaLogitBias::new(*token, f32::NEG_INFINITY)).collect();
         chain.push(LlamaSampler::logit_bias(model.n_vocab(), &biases));
     }
-    if settings.config.grammar
-        && let Some(grammar) = chat::call_grammar(offered)
+    let required = match (&job.required, job.offered.as_slice()) {
+        (Some(schema), [tool]) => Some(chat::required_call_grammar(tool, schema)),
+        _ => None,
+    };
+    if let Some(grammar) = required {
+        match LlamaSampler::grammar(model, &grammar, "root") {
+            Ok(grammar) => chain.push(grammar),
+            Err(error) => tracing::warn!(%error, "the required call's grammar was refused"),
+        }
+    } else if settings.config.grammar
+        && let Some(grammar) = chat::call_grammar(&job.offered)
     {
         let triggers: Vec<String> = chat::GRAMMAR_TRIGGERS.iter().map(|&pattern| pattern.to_owned()).collect();
         match LlamaSampler::grammar_lazy_patterns(model, &grammar, "root", &triggers, &[]) {

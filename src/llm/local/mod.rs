@@ -65,13 +65,15 @@ impl LocalModel {
 
     /// The job for `request`.
     pub fn job(&self, request: &ChatRequest) -> PromptJob {
-        let offered = match request.tool_choice {
-            ToolChoice::None => Vec::new(),
-            ToolChoice::Auto => request.tools.iter().map(|tool| tool.name.clone()).collect(),
-        };
         PromptJob {
             prompt: chat::segments(request),
-            offered,
+            offered: request.tool_choice.callable(&request.tools),
+            required: match &request.tool_choice {
+                ToolChoice::Tool(name) => {
+                    request.tools.iter().find(|tool| &tool.name == name).map(|tool| tool.parameters.clone())
+                }
+                _ => None,
+            },
             max_tokens: request.max_tokens.unwrap_or(self.settings.config.max_tokens),
             temperature: request.temperature.unwrap_or(self.settings.config.temperature),
         }

@@ -114,6 +114,9 @@ pub struct PromptJob {
     pub prompt: Vec<(String, bool)>,
     /// Names of the tools the model may call.
     pub offered: Vec<String>,
+    /// The reply must be one call of the one offered tool, its arguments valid
+    /// against this schema (the grammar applies from the first token).
+    pub required: Option<serde_json::Value>,
     /// Longest reply.
     pub max_tokens: u32,
     /// Sampling temperature.

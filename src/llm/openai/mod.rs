@@ -21,7 +21,7 @@ use bytes::Bytes;
 use futures::stream::{self, BoxStream, StreamExt};
 use serde_json::Value;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use troupe_actors::llm::{ChatRequest, ModelChunk, ModelClient, ModelError, ModelStream, ToolChoice};
+use troupe_actors::llm::{ChatRequest, ModelChunk, ModelClient, ModelError, ModelStream};
 use troupe_actors::metrics;
 
 pub use retry::{Attempt, RetryPolicy, parse_retry_after, with_retries};
@@ -247,10 +247,7 @@ impl ModelClient for OpenAiModel {
             pending: VecDeque::new(),
             // Tools listed with tool choice `none` (the synthesis turn) may not be
             // called: nothing in its text is read as a call.
-            offered: match request.tool_choice {
-                ToolChoice::Auto => request.tools.iter().map(|tool| tool.name.clone()).collect(),
-                ToolChoice::None => Vec::new(),
-            },
+            offered: request.tool_choice.callable(&request.tools),
             stream: self.settings.stream,
             provider: self.provider.clone(),
             model: self.settings.clone(),

@@ -28,11 +28,12 @@ pub fn request_body(request: &ChatRequest, model: &str, stream: bool) -> Value {
             })
             .collect();
         body.insert("tools".into(), Value::Array(tools));
-        let choice = match request.tool_choice {
-            ToolChoice::Auto => "auto",
-            ToolChoice::None => "none",
+        let choice = match &request.tool_choice {
+            ToolChoice::Auto => json!("auto"),
+            ToolChoice::None => json!("none"),
+            ToolChoice::Tool(name) => json!({"type": "function", "function": {"name": name}}),
         };
-        body.insert("tool_choice".into(), json!(choice));
+        body.insert("tool_choice".into(), choice);
     }
     if let Some(temperature) = request.temperature {
         body.insert("temperature".into(), json!(temperature));

@@ -1,0 +1,369 @@
+//! Agent steps: the turns an agent's runs open with, in order, before the model
+//! takes over (an agent's `[[steps]]`). A step whose arguments are given is
+//! called by the runtime, its arguments filled from the request (`{input}`) and
+//! from earlier results (`{TOOL.PATH}`: the last result of `TOOL`, then a path of
+//! keys and array indexes, e.g. `{search_emails.emails.0.id}`); a step without
+//! arguments is the model's turn with that tool as its only choice (as is one with
+//! `model_writes`, whose `args` are then set over what the model writes); a step with a
+//! `prompt` instead of a tool asks the model (in those words, filled the same way)
+//! to answer, with no tool. A step with a `when` runs only if the value it names
+//! is one of the listed ones.
+//!
+//! Steps are retrieval and routing a small model would otherwise get wrong: a
+//! search run with the user's own words, a classification before a draft. They
+//! go through the same hook chain, approvals, events and store as the model's
+//! calls, one step a turn, so a run resumed after a crash finds where it was.
+//!
+//! Which step comes next is read from the conversation alone, never stored: the
+//! steps are walked in order against the run's turns. A step whose reference
+//! does not resolve (its source failed or found nothing) is skipped, as is one
+//! whose condition is false; a turn in which the model did something else than
+//! its step ends the steps, and the model goes on by itself.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::llm::{Message, Role};
+
+/// One step of an agent (see the module's doc).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentStep {
+    /// The tool to call; one of the agent's tools. Left out: an answer step.
+    #[serde(default)]
+    pub tool: Option<String>,
+    /// An answer step's request to the model, with `{input}` and `{TOOL.PATH}`.
+    #[serde(default)]
+    pub prompt: Option<String>,
+    /// Its arguments, with `{input}` and `{TOOL.PATH}` in strings; left out, the
+    /// model writes them (the tool is its only choice that turn).
+    #[serde(default)]
+    pub args: Option<Value>,
+    /// The model writes this call (its only choice that turn); the `args` given
+    /// are set over what it writes. Implied when `args` is left out.
+    #[serde(default)]
+    pub model_writes: bool,
+    /// Run only when a value is one of some.
+    #[serde(default)]
+    pub when: Option<StepCondition>,
+}
+
+/// When a step runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StepCondition {
+    /// The value, as `TOOL.PATH` (e.g. `analyze_email_content.classification`).
+    pub field: String,
+    /// The values for which the step runs.
+    #[serde(rename = "in")]
+    pub one_of: Vec<String>,
+}
+
+/// What the next turn of a run does, by its agent's steps.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NextStep {
+    /// The runtime calls this tool with these arguments.
+    Call {
+        /// The tool.
+        tool: String,
+        /// Its arguments, filled.
+        args: Value,
+    },
+    /// The model's turn, with this tool as its only choice.
+    Model {
+        /// The tool.
+        tool: String,
+        /// Arguments set over those the model writes, filled.
+        fixed: serde_json::Map<String, Value>,
+    },
+    /// The model's answer, with no tool, asked in these words.
+    Answer {
+        /// The request to the model, filled.
+        prompt: String,
+    },
+}
+
+/// Why an agent's steps cannot be used as written.
+pub fn check(steps: &[AgentStep], tools: &[String]) -> Result<(), String> {
+    for (index, step) in steps.iter().enumerate() {
+        let number = index + 1;
+        match (&step.tool, &step.prompt, &step.args) {
+            (Some(tool), None, _) if !tools.contains(tool) => {
+                return Err(format!("step {number} calls {tool:?}, which is not among the agent's tools"));
+            }
+            (Some(_), None, Some(args)) if !args.is_object() => {
+                return Err(format!("step {number}: args must be a table of the tool's arguments"));
+            }
+            (Some(_), None, _) | (None, Some(_), None) if !(step.model_writes && step.tool.is_none()) => {}
+            _ => return Err(format!("step {number} needs either a tool (with or without args) or a prompt")),
+        }
+        let prompt = step.prompt.as_ref().map(|prompt| Value::String(prompt.clone()));
+        let fields = step.when.iter().map(|when| when.field.as_str());
+        let templates = step.args.iter().chain(prompt.iter());
+        let references: Vec<&str> = fields.chain(templates.flat_map(placeholders)).collect();
+        for reference in references {
+            let source = reference.split('.').next().unwrap_or_default();
+            if reference != "input" && !steps[..index].iter().any(|earlier| earlier.tool.as_deref() == Some(source)) {
+                return Err(format!("step {number} reads {reference:?}, but no earlier step calls {source:?}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The step the turn after `conversation` takes, for a run of `input`; `None`
+/// when the steps are over and the model decides.
+pub fn next(steps: &[AgentStep], input: &str, conversation: &[Message]) -> Option<NextStep> {
+    // The part of the conversation the steps walked so far: its results are what
+    // the next step's references read.
+    let mut seen = 0;
+    for step in steps {
+        let results = Results { conversation: &conversation[..seen] };
+        // A step that cannot be filled, or whose condition is false, is skipped.
+        if let Some(when) = &step.when {
+            let holds = results.get(&when.field).is_some_and(|value| when.one_of.contains(&text_of(&value)));
+            if !holds {
+                continue;
+            }
+        }
+        let this = match (&step.tool, &step.args, &step.prompt) {
+            (Some(tool), Some(template), _) => match fill(template, input, &results) {
+                Some(Value::Object(fixed)) if step.model_writes => NextStep::Model { tool: tool.clone(), fixed },
+                Some(args) => NextStep::Call { tool: tool.clone(), args },
+                None => continue,
+            },
+            (Some(tool), None, _) => NextStep::Model { tool: tool.clone(), fixed: serde_json::Map::new() },
+            (None, _, Some(prompt)) => match fill(&Value::String(prompt.clone()), input, &results) {
+                Some(filled) => NextStep::Answer { prompt: text_of(&filled) },
+                None => continue,
+            },
+            (None, _, None) => continue,
+        };
+        let Some(offset) = conversation[seen..].iter().position(|message| message.role == Role::Assistant) else {
+            return Some(this);
+        };
+        let at = seen + offset;
+        let calls = &conversation[at].tool_calls;
+        let taken = match &step.tool {
+            Some(tool) => calls.iter().any(|call| &call.name == tool),
+            None => calls.is_empty(),
+        };
+        if !taken {
+            return None;
+        }
+        seen = conversation[at + 1..]
+            .iter()
+            .position(|message| message.role == Role::Assistant)
+            .map_or(conversation.len(), |next| at + 1 + next);
+    }
+    None
+}
+
+/// The tool results of a stretch of conversation, by tool name.
+struct Results<'a> {
+    conversation: &'a [Message],
+}
+
+impl Results<'_> {
+    /// The value at `reference` (`TOOL.PATH`) in the last result of `TOOL`; `None`
+    /// when there is none, it failed or the path leads nowhere.
+    fn get(&self, reference: &str) -> Option<Value> {
+        let mut parts = reference.split('.');
+        let tool = parts.next()?;
+        let result = self.conversation.iter().rev().find(|message| {
+            message.role == Role::Tool && message.tool_call_id.as_deref().is_some_and(|id| self.names(id, tool))
+        })?;
+        let mut value: Value = serde_json::from_str(&result.content).ok()?;
+        for key in parts {
+            value = match value {
+                Value::Object(mut object) => object.remove(key)?,
+                Value::Array(mut items) => {
+                    let index: usize = key.parse().ok()?;
+                    (index < items.len()).then(|| items.swap_remove(index))?
+                }
+                _ => return None,
+            };
+        }
+        (!value.is_null()).then_some(value)
+    }
+
+    /// Whether the call `call_id` is a call of `tool`.
+    fn names(&self, call_id: &str, tool: &str) -> bool {
+        self.conversation
+            .iter()
+            .any(|message| message.tool_calls.iter().any(|call| call.call_id == call_id && call.name == tool))
+    }
+}
+
+/// `value` as the text a condition compares.
+fn text_of(value: &Value) -> String {
+    match value {
+        Value::String(text) => text.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// The `{…}` references in the strings of `template`.
+fn placeholders(template: &Value) -> Vec<&str> {
+    match template {
+        Value::String(text) => {
+            let mut found = Vec::new();
+            let mut rest = text.as_str();
+            while let Some(open) = rest.find('{') {
+                let Some(close) = rest[open..].find('}') else { break };
+                found.push(&rest[open + 1..open + close]);
+                rest = &rest[open + close + 1..];
+            }
+            found
+        }
+        Value::Array(items) => items.iter().flat_map(placeholders).collect(),
+        Value::Object(object) => object.values().flat_map(placeholders).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// `template` with its references replaced; a string that is one reference alone
+/// takes the value as it is (a number stays a number). `None` when a reference
+/// does not resolve.
+fn fill(template: &Value, input: &str, results: &Results<'_>) -> Option<Value> {
+    let resolve = |reference: &str| match reference {
+        "input" => Some(Value::String(input.to_owned())),
+        other => results.get(other),
+    };
+    Some(match template {
+        Value::String(text) => {
+            let found = placeholders(template);
+            if let [only] = found.as_slice()
+                && text.len() == only.len() + 2
+            {
+                return resolve(only);
+            }
+            let mut filled = text.clone();
+            for reference in found {
+                filled = filled.replace(&format!("{{{reference}}}"), &text_of(&resolve(reference)?));
+            }
+            Value::String(filled)
+        }
+        Value::Array(items) => {
+            Value::Array(items.iter().map(|item| fill(item, input, results)).collect::<Option<_>>()?)
+        }
+        Value::Object(object) => Value::Object(
+            object
+                .iter()
+                .map(|(key, value)| Some((key.clone(), fill(value, input, results)?)))
+                .collect::<Option<_>>()?,
+        ),
+        other => other.clone(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::protocol::ToolCall;
+
+    fn triage() -> Vec<AgentStep> {
+        serde_json::from_value(json!([
+            {"tool": "search_emails", "args": {"query": "{input}", "limit": 1}},
+            {"tool": "analyze_email_content", "args": {"email_id": "{search_emails.emails.0.id}"}},
+            {"tool": "create_draft", "model_writes": true, "args": {"in_reply_to": "{search_emails.emails.0.id}"},
+             "when": {"field": "analyze_email_content.classification", "in": ["complaint", "meeting_request"]}},
+            {"tool": "send_email",
+             "args": {"draft_id": "{create_draft.draft_id}", "note": "draft {create_draft.draft_id} of {input}"}},
+            {"prompt": "Report on {analyze_email_content.classification}: {input}"},
+        ]))
+        .unwrap()
+    }
+
+    fn call(id: &str, tool: &str) -> Message {
+        let call = ToolCall { call_id: id.to_owned(), name: tool.to_owned(), args: json!({}) };
+        Message { role: Role::Assistant, content: String::new(), tool_calls: vec![call], tool_call_id: None }
+    }
+
+    #[test]
+    fn steps_are_walked_in_order_with_references_filled_from_earlier_results() {
+        let steps = triage();
+        let input = "Triage x@y";
+        let mut conversation = vec![Message::text(Role::User, input)];
+        let first = next(&steps, input, &conversation);
+        assert_eq!(
+            first,
+            Some(NextStep::Call { tool: "search_emails".into(), args: json!({"query": input, "limit": 1}) })
+        );
+        conversation.push(call("s1", "search_emails"));
+        conversation.push(Message::tool_result("s1", json!({"emails": [{"id": "x@y"}]}).to_string()));
+        let second = next(&steps, input, &conversation);
+        assert_eq!(
+            second,
+            Some(NextStep::Call { tool: "analyze_email_content".into(), args: json!({"email_id": "x@y"}) })
+        );
+        conversation.push(call("a1", "analyze_email_content"));
+        conversation.push(Message::tool_result("a1", json!({"classification": "complaint"}).to_string()));
+        conversation.push(Message::text(Role::User, "Review of turn 2 by the runtime"));
+        let fixed = json!({"in_reply_to": "x@y"}).as_object().cloned().unwrap();
+        assert_eq!(next(&steps, input, &conversation), Some(NextStep::Model { tool: "create_draft".into(), fixed }));
+        conversation.push(call("call9", "create_draft"));
+        conversation.push(Message::tool_result("call9", json!({"draft_id": 7}).to_string()));
+        let send = next(&steps, input, &conversation);
+        let args = json!({"draft_id": 7, "note": "draft 7 of Triage x@y"});
+        assert_eq!(send, Some(NextStep::Call { tool: "send_email".into(), args }));
+        conversation.push(call("e1", "send_email"));
+        conversation.push(Message::tool_result("e1", json!({"status": "queued"}).to_string()));
+        let report = next(&steps, input, &conversation);
+        assert_eq!(report, Some(NextStep::Answer { prompt: "Report on complaint: Triage x@y".into() }));
+        conversation.push(Message::text(Role::User, "Report on complaint: Triage x@y"));
+        conversation.push(Message::text(Role::Assistant, "A complaint, drafted and sent."));
+        assert_eq!(next(&steps, input, &conversation), None, "every step is taken");
+    }
+
+    #[test]
+    fn a_false_condition_skips_a_step_and_the_steps_it_feeds() {
+        let steps = triage();
+        let mut conversation = vec![Message::text(Role::User, "q")];
+        conversation.push(call("s1", "search_emails"));
+        conversation.push(Message::tool_result("s1", json!({"emails": [{"id": "x@y"}]}).to_string()));
+        conversation.push(call("a1", "analyze_email_content"));
+        conversation.push(Message::tool_result("a1", json!({"classification": "spam"}).to_string()));
+        // The draft is skipped; so is the send, which reads the draft's id.
+        assert_eq!(next(&steps, "q", &conversation), Some(NextStep::Answer { prompt: "Report on spam: q".into() }));
+    }
+
+    #[test]
+    fn a_failed_source_skips_what_it_feeds_and_a_turn_of_the_models_own_ends_the_steps() {
+        let steps = triage();
+        let failed = vec![
+            Message::text(Role::User, "q"),
+            call("s1", "search_emails"),
+            Message::tool_result("s1", "error (mailbox_unavailable): down"),
+        ];
+        assert_eq!(next(&steps, "q", &failed), None);
+        let nothing = vec![
+            Message::text(Role::User, "q"),
+            call("s1", "search_emails"),
+            Message::tool_result("s1", json!({"emails": []}).to_string()),
+        ];
+        assert_eq!(next(&steps, "q", &nothing), None);
+        let own = vec![Message::text(Role::User, "q"), call("c1", "get_email_thread")];
+        assert_eq!(next(&steps, "q", &own), None, "the model's own first turn");
+        assert_eq!(next(&[], "q", &[Message::text(Role::User, "q")]), None, "no steps");
+    }
+
+    #[test]
+    fn steps_are_checked_against_the_agents_tools_and_earlier_steps() {
+        let tools: Vec<String> =
+            ["search_emails", "analyze_email_content", "create_draft", "send_email"].map(String::from).to_vec();
+        assert_eq!(check(&triage(), &tools), Ok(()));
+        let error = check(&triage(), &tools[..3]).unwrap_err();
+        assert!(error.contains("step 4") && error.contains("send_email"), "{error}");
+        let both: Vec<AgentStep> = serde_json::from_value(json!([{"tool": "send_email", "prompt": "hi"}])).unwrap();
+        assert!(check(&both, &tools).unwrap_err().contains("either a tool"));
+        let backwards: Vec<AgentStep> = serde_json::from_value(json!([
+            {"tool": "analyze_email_content", "args": {"email_id": "{search_emails.emails.0.id}"}}
+        ]))
+        .unwrap();
+        let error = check(&backwards, &tools).unwrap_err();
+        assert!(error.contains("no earlier step calls \"search_emails\""), "{error}");
+    }
+}

@@ -1,0 +1,90 @@
+//! Agent steps: calls the runtime makes for an agent before its model takes
+//! over, through the same pool, hooks, events and store as the model's calls.
+
+use serde_json::{Value, json};
+
+use crate::llm::ToolChoice;
+use crate::protocol::{CallStatus, EventKind, RunEvent, RunStatus};
+use crate::testing::{ScriptedModel, calls, text};
+use crate::tests::{Setup, tool_messages};
+
+/// Every call's turn, tool, arguments and status, from its telemetry record.
+fn executed(events: &[std::sync::Arc<RunEvent>]) -> Vec<(u32, String, Value, CallStatus)> {
+    events
+        .iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::ToolMetric { record } => {
+                Some((record.turn, record.tool.clone(), record.args.clone(), record.status))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steps_run_before_the_model_with_the_request_and_earlier_results_filled_in() {
+    let model = ScriptedModel::queue(vec![calls(&[("echo", json!({"text": "written by the model"}))]), text("Two.")]);
+    let mut setup = Setup::new(model);
+    setup.steps = serde_json::from_value(json!([
+        {"tool": "search", "args": {"query": "{input}"}},
+        {"tool": "echo", "args": {"text": "found {search.found}"}, "when": {"field": "search.found", "in": ["2"]}},
+        {"tool": "echo", "model_writes": true, "args": {"note": "{input}"}},
+    ]))
+    .unwrap();
+    let harness = setup.start().await;
+    let (record, events) = harness.run("lamps").await;
+
+    assert_eq!(record.status, RunStatus::Succeeded);
+    assert_eq!(record.final_output.as_deref(), Some("Two."));
+    let calls: Vec<(u32, String, Value)> =
+        executed(&events).into_iter().map(|(turn, tool, args, _)| (turn, tool, args)).collect();
+    assert_eq!(
+        calls,
+        vec![
+            (1, "search".to_owned(), json!({"query": "lamps"})),
+            (2, "echo".to_owned(), json!({"text": "found 2"})),
+            (3, "echo".to_owned(), json!({"text": "written by the model", "note": "lamps"})),
+        ],
+        "the steps' calls, filled from the request and the search's result, then the model's"
+    );
+    let requests = harness.requests();
+    assert_eq!(requests.len(), 2, "the runtime's steps ask the model nothing");
+    assert_eq!(requests[0].tool_choice, ToolChoice::Tool("echo".to_owned()), "the model writes this step");
+    assert!(tool_messages(&requests[0])[0].contains("\"found\":2"), "the model reads the steps' results");
+    assert_eq!(requests[1].tool_choice, ToolChoice::Auto, "after the steps the model decides");
+    let reviewed = events.iter().filter(|event| matches!(event.kind, EventKind::Review { .. })).count();
+    assert_eq!(reviewed, 4, "every turn is reviewed, the steps' too");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_whose_source_failed_or_whose_condition_is_false_hands_over_to_the_model() {
+    let model = ScriptedModel::queue(vec![text("It failed.")]);
+    let mut setup = Setup::new(model);
+    setup.steps = serde_json::from_value(json!([
+        {"tool": "flaky", "args": {}},
+        {"tool": "echo", "args": {"text": "{flaky.value}"}},
+    ]))
+    .unwrap();
+    let harness = setup.start().await;
+    let (record, events) = harness.run("try").await;
+
+    assert_eq!(record.status, RunStatus::Succeeded);
+    let tools: Vec<(u32, String, CallStatus)> =
+        executed(&events).into_iter().map(|(turn, tool, _, status)| (turn, tool, status)).collect();
+    assert_eq!(tools, vec![(1, "flaky".to_owned(), CallStatus::Failed)], "the echo step had nothing to read");
+    let requests = harness.requests();
+    assert_eq!(requests.len(), 1);
+    assert_eq!(requests[0].tool_choice, ToolChoice::Auto);
+
+    let model = ScriptedModel::queue(vec![text("Nothing to do.")]);
+    let mut setup = Setup::new(model);
+    setup.steps = serde_json::from_value(json!([
+        {"tool": "search", "args": {"query": "{input}"}},
+        {"tool": "echo", "args": {"text": "many"}, "when": {"field": "search.found", "in": ["9"]}},
+    ]))
+    .unwrap();
+    let harness = setup.start().await;
+    let (_, events) = harness.run("lamps").await;
+    let tools: Vec<String> = executed(&events).into_iter().map(|(_, tool, ..)| tool).collect();
+    assert_eq!(tools, vec!["search".to_owned()], "a false condition skips its step");
+}
