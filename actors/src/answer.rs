@@ -20,6 +20,8 @@ const RUNTIME_MARKERS: &[&str] = &[
     "Do not call a tool.",
     "Do not call tools.",
     "Answer my request now",
+    "My request was:",
+    "from the tool results above",
     "You have used all",
     "skipped (duplicate)",
     "identical call already succeeded",

@@ -48,15 +48,29 @@ pub struct AgentStep {
     pub when: Option<StepCondition>,
 }
 
-/// When a step runs.
+/// When a step runs: its field's value is one of `in`, or contains one of
+/// `contains` (ignoring case).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StepCondition {
-    /// The value, as `TOOL.PATH` (e.g. `analyze_email_content.classification`).
+    /// The value, as `TOOL.PATH` (e.g. `analyze_email_content.classification`),
+    /// or `input` (the request).
     pub field: String,
     /// The values for which the step runs.
-    #[serde(rename = "in")]
+    #[serde(rename = "in", default)]
     pub one_of: Vec<String>,
+    /// Words or phrases, one of which the value contains (ignoring case).
+    #[serde(default)]
+    pub contains: Vec<String>,
+}
+
+impl StepCondition {
+    /// Whether it holds for `value`.
+    fn holds(&self, value: &str) -> bool {
+        let lowered = value.to_lowercase();
+        self.one_of.iter().any(|allowed| allowed == value)
+            || self.contains.iter().any(|part| lowered.contains(&part.to_lowercase()))
+    }
 }
 
 /// What the next turn of a run does, by its agent's steps.
@@ -97,6 +111,12 @@ pub fn check(steps: &[AgentStep], tools: &[String]) -> Result<(), String> {
             (Some(_), None, _) | (None, Some(_), None) if !(step.model_writes && step.tool.is_none()) => {}
             _ => return Err(format!("step {number} needs either a tool (with or without args) or a prompt")),
         }
+        if let Some(when) = &step.when
+            && when.one_of.is_empty()
+            && when.contains.is_empty()
+        {
+            return Err(format!("step {number}: when needs `in` or `contains`"));
+        }
         let prompt = step.prompt.as_ref().map(|prompt| Value::String(prompt.clone()));
         let fields = step.when.iter().map(|when| when.field.as_str());
         let templates = step.args.iter().chain(prompt.iter());
@@ -121,8 +141,11 @@ pub fn next(steps: &[AgentStep], input: &str, conversation: &[Message]) -> Optio
         let results = Results { conversation: &conversation[..seen] };
         // A step that cannot be filled, or whose condition is false, is skipped.
         if let Some(when) = &step.when {
-            let holds = results.get(&when.field).is_some_and(|value| when.one_of.contains(&text_of(&value)));
-            if !holds {
+            let value = match when.field.as_str() {
+                "input" => Some(Value::String(input.to_owned())),
+                field => results.get(field),
+            };
+            if !value.is_some_and(|value| when.holds(&text_of(&value))) {
                 continue;
             }
         }
@@ -328,6 +351,23 @@ mod tests {
         conversation.push(Message::tool_result("a1", json!({"classification": "spam"}).to_string()));
         // The draft is skipped; so is the send, which reads the draft's id.
         assert_eq!(next(&steps, "q", &conversation), Some(NextStep::Answer { prompt: "Report on spam: q".into() }));
+    }
+
+    #[test]
+    fn a_condition_may_read_the_request() {
+        let steps: Vec<AgentStep> = serde_json::from_value(json!([
+            {"tool": "create_draft", "when": {"field": "input", "contains": ["draft", "reply to"]}},
+            {"prompt": "Answer: {input}"},
+        ]))
+        .unwrap();
+        let ask = |input: &str| next(&steps, input, &[Message::text(Role::User, input)]);
+        let fixed = serde_json::Map::new();
+        assert_eq!(ask("Please DRAFT a note"), Some(NextStep::Model { tool: "create_draft".into(), fixed }));
+        assert_eq!(ask("Who wrote?"), Some(NextStep::Answer { prompt: "Answer: Who wrote?".into() }));
+        let tools = vec!["create_draft".to_owned()];
+        let vague: Vec<AgentStep> =
+            serde_json::from_value(json!([{"tool": "create_draft", "when": {"field": "input"}}])).unwrap();
+        assert!(check(&vague, &tools).unwrap_err().contains("`in` or `contains`"));
     }
 
     #[test]

@@ -70,6 +70,21 @@ async fn the_sample_is_seeded_on_first_use_and_searched_with_stemming() {
 }
 
 #[tokio::test]
+async fn a_query_that_names_an_email_by_its_id_finds_it_in_any_folder() {
+    let temp = temp_mailbox(true);
+    let named = temp.mailbox.search(&query("Triage the email <winner-5512@prize-center.example>, please.")).await;
+    assert_eq!(ids(&named.unwrap()), vec!["winner-5512@prize-center.example"], "spam too, when named");
+    let two = query("compare complaint-bd2291@mail.example with dinner-sat@mail.example");
+    assert_eq!(
+        ids(&temp.mailbox.search(&two).await.unwrap()),
+        vec!["complaint-bd2291@mail.example", "dinner-sat@mail.example"],
+        "in the order named"
+    );
+    let unknown = temp.mailbox.search(&query("nobody@nowhere.example lamp")).await.unwrap();
+    assert!(!unknown.is_empty(), "an address that is no email's id is searched as words");
+}
+
+#[tokio::test]
 async fn filters_narrow_by_sender_folder_and_local_day() {
     let temp = temp_mailbox(true);
     let today = Local::now().date_naive();
@@ -207,6 +222,18 @@ async fn analysis_comes_from_the_model_or_else_from_the_rules() {
     let fallback = call(&tools, "analyze_email_content", complaint).await.unwrap();
     assert_eq!((fallback["classification"].as_str(), fallback["method"].as_str()), (Some("complaint"), Some("rules")));
     assert!(fallback["note"].as_str().unwrap().contains("not a usable analysis"), "{fallback}");
+}
+
+#[tokio::test]
+async fn an_email_filed_as_spam_is_spam_whatever_a_model_would_say() {
+    let temp = temp_mailbox(true);
+    let model = Arc::new(ScriptedModel::queue(vec![text(r#"{"classification": "delivery", "confidence": 0.9}"#)]));
+    let tools = email_tools(temp.mailbox.clone(), model.clone());
+    let spam = json!({"email_id": "parcel-fee-2291@secure-delivery-alerts.example"});
+    let analysis = call(&tools, "analyze_email_content", spam).await.unwrap();
+    assert_eq!((analysis["classification"].as_str(), analysis["method"].as_str()), (Some("spam"), Some("folder")));
+    assert!(analysis["confidence"].as_f64().unwrap() >= 0.9);
+    assert_eq!(model.request_count(), 0, "the model is not asked");
 }
 
 #[tokio::test]

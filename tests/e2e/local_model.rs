@@ -39,6 +39,23 @@ tools = ["text_stats"]
 max_turns = 4
 "#;
 
+/// A workflow: the model must write a `text_stats` call (its arguments held to the
+/// tool's schema by the grammar; `top` fixed by the step), then answer when asked.
+const MEASURER: &str = r#"
+name = "measurer"
+instructions = "You measure texts with text_stats and answer with its figures."
+tools = ["text_stats"]
+without_builtins = ["todo_write", "ask_user"]
+
+[[steps]]
+tool = "text_stats"
+model_writes = true
+args = { top = 2 }
+
+[[steps]]
+prompt = "Answer my request from the measurement above, in one sentence: {input}"
+"#;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_run_on_the_local_model_calls_a_tool_and_answers() {
     let Some(model) = model_file() else { return };
@@ -46,6 +63,7 @@ async fn a_real_run_on_the_local_model_calls_a_tool_and_answers() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("agents")).unwrap();
     std::fs::write(dir.join("agents/counter.toml"), AGENT).unwrap();
+    std::fs::write(dir.join("agents/measurer.toml"), MEASURER).unwrap();
     let mut command = Command::new(env!("CARGO_BIN_EXE_troupe"));
     command
         .args(["serve", "--data-dir"])
@@ -99,6 +117,20 @@ async fn a_real_run_on_the_local_model_calls_a_tool_and_answers() {
     assert!(cached > 0.0, "later turns reuse the cached prompt: {cached} cached, {computed} computed");
     let usage: Vec<&Value> = of_kind("token_usage");
     assert!(!usage.is_empty() && usage.iter().all(|event| event["usage"]["input_tokens"].as_u64() > Some(0)));
+
+    // A step the model writes: one call of the step's tool, valid against its
+    // schema, with the step's fixed argument; then the answer step.
+    let id = daemon.post_run("Measure this text: red green blue red", "measurer").await;
+    let events = daemon.events_within(&id, Duration::from_secs(600)).await;
+    let of_kind = |kind: &str| events.iter().filter(|event| event["kind"] == kind).cloned().collect::<Vec<Value>>();
+    let shown = || serde_json::to_string_pretty(&events).unwrap();
+    let started = of_kind("tool_call_start");
+    assert_eq!(started.len(), 1, "{}", shown());
+    assert_eq!(started[0]["tool"], "text_stats", "{}", shown());
+    assert_eq!(started[0]["args"]["top"], 2, "the step's argument: {}", shown());
+    assert!(started[0]["args"]["text"].as_str().is_some_and(|text| text.contains("red")), "{}", shown());
+    assert_eq!(of_kind("tool_call_end")[0]["status"], "completed", "{}", shown());
+    assert_eq!(of_kind("run_end")[0]["status"], "succeeded", "{}", shown());
     daemon.terminate();
     let _ = std::fs::remove_dir_all(&dir);
 }

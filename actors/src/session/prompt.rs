@@ -25,7 +25,7 @@ use crate::tool::ToolRegistry;
 #[derive(serde::Deserialize, schemars::JsonSchema)]
 #[allow(dead_code)]
 struct AskUserArgs {
-    /// The question for the user.
+    /// One question for the user, ending with "?".
     question: String,
 }
 
@@ -45,7 +45,8 @@ fn build_ask_user_definition() -> ToolDefinition {
     }
 }
 
-/// The question of an `ask_user` call, if its arguments carry one.
+/// The question of an `ask_user` call, if its arguments carry one (a text that
+/// ends with `?`).
 pub fn ask_user_question(args: &Value) -> Option<String> {
     let parsed;
     let args = match args {
@@ -55,7 +56,9 @@ pub fn ask_user_question(args: &Value) -> Option<String> {
         }
         other => other,
     };
-    args.get("question").and_then(Value::as_str).filter(|q| !q.trim().is_empty()).map(str::to_owned)
+    // A question ends with a question mark: "Thank you" is an answer written
+    // into the wrong place, and is sent back instead of parking the run.
+    args.get("question").and_then(Value::as_str).filter(|q| q.trim_end().ends_with('?')).map(str::to_owned)
 }
 
 /// Every tool the runtime can offer (the built-ins and `registry`'s), each
@@ -181,9 +184,18 @@ pub fn build_request(
             "You have used all {max_turns} turns. Write the best final answer you can from what you have \
              found so far. Do not call tools."
         )),
-        Some(AnswerNow::CallsRepeated) => {
-            Some("Answer my request now in one sentence, using the tool results above. Do not call a tool.".to_owned())
-        }
+        Some(AnswerNow::CallsRepeated) => Some(match conversation.first().filter(|first| first.role == Role::User) {
+            // The request again, then what to do: a small model answers what it
+            // read last, and echoes a question it read last.
+            Some(request) => format!(
+                "My request was: \"{}\"\nAnswer it now in one or two sentences, from the tool results above. \
+                 Do not call a tool.",
+                request.content
+            ),
+            None => {
+                "Answer my request now in one sentence, using the tool results above. Do not call a tool.".to_owned()
+            }
+        }),
         None => None,
     };
     if let Some(ask) = ask {
@@ -260,5 +272,6 @@ mod tests {
         assert_eq!(ask_user_question(&json!({"question": "which?"})).as_deref(), Some("which?"));
         assert_eq!(ask_user_question(&json!("{\"question\": \"why?\"}")).as_deref(), Some("why?"));
         assert_eq!(ask_user_question(&json!({"q": 1})), None);
+        assert_eq!(ask_user_question(&json!({"question": "Merci"})), None, "an answer is not a question");
     }
 }

@@ -165,7 +165,9 @@ impl Session {
                 return;
             }
             (None, _) => {
-                ToolOutcome::skipped(SkipReason::InvalidArgs, "ask_user needs a non-empty \"question\" string")
+                let detail =
+                    "ask_user needs a \"question\" that ends with \"?\"; if you can answer the request, answer it";
+                ToolOutcome::skipped(SkipReason::InvalidArgs, detail)
             }
             (Some(_), Some(_)) => ToolOutcome::skipped(SkipReason::Denied, "only one ask_user call per turn"),
         };

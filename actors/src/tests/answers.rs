@@ -175,7 +175,8 @@ async fn a_call_repeated_after_it_succeeded_is_followed_by_a_turn_that_must_answ
     assert!(repeat.starts_with("skipped (duplicate)") && repeat.ends_with("its result was: five words"), "{repeat}");
     let answer_turn = &requests[2];
     assert_eq!(answer_turn.tool_choice, crate::llm::ToolChoice::None, "the repeat's next turn may call no tool");
-    assert!(answer_turn.messages.last().is_some_and(|m| m.content.starts_with("Answer my request now")));
+    let ask = answer_turn.messages.last().map(|m| m.content.clone()).unwrap_or_default();
+    assert!(ask.starts_with("My request was: \"how many words?\"\nAnswer it now"), "the request, asked again: {ask}");
     for pair in requests.windows(2) {
         let kept = pair[0].messages.len();
         assert_eq!(pair[1].messages[..kept], pair[0].messages[..], "each prompt extends the previous one");

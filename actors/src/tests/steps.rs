@@ -88,3 +88,24 @@ async fn a_step_whose_source_failed_or_whose_condition_is_false_hands_over_to_th
     let tools: Vec<String> = executed(&events).into_iter().map(|(_, tool, ..)| tool).collect();
     assert_eq!(tools, vec!["search".to_owned()], "a false condition skips its step");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_step_asks_in_its_words_right_before_the_answer_with_no_tool() {
+    let model = ScriptedModel::queue(vec![text("Two documents about lamps.")]);
+    let mut setup = Setup::new(model);
+    setup.steps = serde_json::from_value(json!([
+        {"tool": "search", "args": {"query": "{input}"}},
+        {"prompt": "From the {search.found} results above, answer: {input}"},
+    ]))
+    .unwrap();
+    let harness = setup.start().await;
+    let (record, _) = harness.run("lamps").await;
+
+    assert_eq!(record.status, RunStatus::Succeeded);
+    assert_eq!(record.final_output.as_deref(), Some("Two documents about lamps."));
+    let requests = harness.requests();
+    assert_eq!(requests.len(), 1);
+    assert_eq!(requests[0].tool_choice, ToolChoice::None, "an answer step calls no tool");
+    let last = requests[0].messages.last().map(|message| (message.role, message.content.clone()));
+    assert_eq!(last, Some((crate::llm::Role::User, "From the 2 results above, answer: lamps".to_owned())));
+}

@@ -287,13 +287,7 @@ pub fn call_grammar(tools: &[String]) -> Option<String> {
 call ::= "<tool_call>" ws body ws "</tool_call>"
 body ::= "{{" ws "\"name\"" ws ":" ws name ws "," ws "\"arguments\"" ws ":" ws object ws "}}"
 name ::= {names}
-value ::= object | array | string | number | ("true" | "false" | "null")
-object ::= "{{" ws ( string ws ":" ws value ( ws "," ws string ws ":" ws value )* )? ws "}}"
-array ::= "[" ws ( value ( ws "," ws value )* )? ws "]"
-string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" [0-9a-fA-F]{{4}} ) )* "\""
-number ::= "-"? ([0-9] | [1-9] [0-9]*) ("." [0-9]+)? ([eE] [-+]? [0-9]+)?
-ws ::= [ \t\n]{{0,4}}
-"#,
+{JSON_RULES}"#,
         names = names.join(" | ")
     ))
 }
@@ -309,7 +303,7 @@ pub fn required_call_grammar(tool: &str, schema: &Value) -> String {
     format!("root ::= {} {} \"}}\\n</tool_call>\"\n{JSON_RULES}", gbnf_literal(&open), schema_rule(schema))
 }
 
-/// The rules of JSON values that [`required_call_grammar`] refers to.
+/// The rules of JSON values that the call grammars refer to.
 const JSON_RULES: &str = r#"value ::= object | array | string | number | ("true" | "false" | "null")
 object ::= "{" ws ( string ws ":" ws value ( ws "," ws string ws ":" ws value )* )? ws "}"
 array ::= "[" ws ( value ( ws "," ws value )* )? ws "]"
