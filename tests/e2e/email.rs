@@ -1,8 +1,9 @@
-//! The email agents end to end, on the shipped agent files and the sample mailbox,
-//! with a scripted model: the assistant answers the delivery question from the
-//! right emails and entities, citing them; `send_email` waits for a human (approve:
-//! one message in the outbox; reject: none); the triage agent, on the complaint,
-//! sends every side effect to a human.
+//! The email agents end to end, on the shipped agent files (and their steps) and
+//! the sample mailbox, with a scripted model: the assistant answers the delivery
+//! question from the emails its opening search found, citing them; the triage
+//! workflow drafts a reply to the sender, and `send_email` waits for a human
+//! (approve: one message in the outbox; reject: none); on the complaint, every
+//! side effect waits for a human.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -21,10 +22,8 @@ use troupe_actors::tool::ToolRegistry;
 use troupe_actors::{Deps, RunInput, Runtime, SubmitRequest};
 
 const SHIP_LUMEN: &str = "ship-lb55821@lumenbooks.example";
-const SHIP_HUB: &str = "ship-112-4456789-1234567@marketplace.example";
 const SHIP_NORTHWIND: &str = "ship-a10482@northwind-shop.example";
 const ORDER_NORTHWIND: &str = "order-a10482@northwind-shop.example";
-const ORDER_LUMEN: &str = "order-lb55821@lumenbooks.example";
 const MEETING: &str = "roadmap-meeting@brightdesk.example";
 const COMPLAINT: &str = "complaint-bd2291@mail.example";
 
@@ -53,7 +52,8 @@ async fn setup(script: Vec<Step>, analysis: Arc<dyn ModelClient>) -> Setup {
         parse_agent("email-assistant.toml", include_str!("../../config/agents/email-assistant.toml")).unwrap(),
         parse_agent("email-triage.toml", include_str!("../../config/agents/email-triage.toml")).unwrap(),
     ];
-    let model = Arc::new(ScriptedModel::per_turn(script));
+    // The model's turns come in order; the agents' steps take the others.
+    let model = Arc::new(ScriptedModel::queue(script));
     let deps = Deps {
         store: Arc::new(MemoryStore::new()),
         models: ModelRegistry::new(model.clone()),
@@ -123,73 +123,50 @@ fn day(offset: i64) -> String {
     (Local::now().date_naive() + Duration::days(offset)).format("%Y-%m-%d").to_string()
 }
 
-fn dates(result: &Value) -> Vec<&str> {
-    result["entities"]["dates"].as_array().unwrap().iter().map(|date| date["value"].as_str().unwrap()).collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_email_assistant_answers_the_delivery_question_from_the_right_emails() {
-    let answer = "Yes, two deliveries are due today.\n\
-        - Northwind Home order A-10482, UPS 1Z999AA10123456784, between 10:00 and 14:00 [3]: an ErgoFlex office \
-        chair and a memory-foam seat cushion, €278.90 [4].\n\
-        - Lumen Books order LB-55821, USPS 9400111899223197428490, out for delivery now [1]: The Pragmatic \
-        Programmer and Designing Data-Intensive Applications, $89.48 [5].\n\
-        Your USB-C hub has shipped too but arrives later [2].";
-    let script = vec![
-        calls(&[("search_emails", json!({"query": "shipped tracking delivery", "date_from": day(-1)}))]),
-        calls(&[
-            ("extract_entities", json!({"email_id": SHIP_LUMEN})),
-            ("extract_entities", json!({"email_id": SHIP_HUB})),
-            ("extract_entities", json!({"email_id": SHIP_NORTHWIND})),
-        ]),
-        calls(&[("search_emails", json!({"query": "A-10482 LB-55821", "include_body": true}))]),
-        text(answer),
-    ];
-    let setup = setup(script, Arc::new(ScriptedModel::queue(vec![]))).await;
-    let run_id = setup.submit("email-assistant", "Am I expecting any deliveries today? What's in the orders?").await;
+    let question = "Am I expecting any deliveries today? What's in the orders?";
+    let answer = "Yes: Lumen Books order LB-55821 is out for delivery today [1], and Northwind Home order A-10482 \
+        (UPS 1Z999AA10123456784) is due today between 10:00 and 14:00 [5]: an ErgoFlex office chair [6].";
+    let setup = setup(vec![text(answer)], Arc::new(ScriptedModel::queue(vec![]))).await;
+    let run_id = setup.submit("email-assistant", question).await;
     assert_eq!(setup.runtime.wait(run_id).await.unwrap().status, RunStatus::Succeeded);
 
+    // The runtime searched in the request's words; the model only answered.
+    let requests = setup.model.requests();
+    assert_eq!(requests.len(), 1, "one model call: the answer");
+    assert_eq!(requests[0].tool_choice, troupe_actors::llm::ToolChoice::None);
+    let asked = requests[0].messages.last().unwrap();
+    assert!(asked.role == Role::User && asked.content.contains(question), "the question, again: {}", asked.content);
     let results = setup.tool_results();
-    assert_eq!(results.len(), 5, "{results:#?}");
-    let (shipments, orders) = (&results[0], &results[4]);
-    assert_eq!(shipments["today"], day(0));
-    assert_eq!(ids(shipments), vec![SHIP_LUMEN, SHIP_HUB, SHIP_NORTHWIND], "the shipping notices, and no spam");
-
-    let (lumen, hub, northwind) = (&results[1], &results[2], &results[3]);
-    assert_eq!(northwind["entities"]["tracking_numbers"], json!([{"value": "1Z999AA10123456784", "carrier": "UPS"}]));
-    assert_eq!(northwind["entities"]["order_numbers"], json!(["A-10482"]));
-    assert_eq!(lumen["entities"]["tracking_numbers"], json!([{"value": "9400111899223197428490", "carrier": "USPS"}]));
-    assert_eq!(lumen["entities"]["order_numbers"], json!(["LB-55821"]));
-    assert!(dates(northwind).contains(&day(0).as_str()) && dates(lumen).contains(&day(0).as_str()), "due today");
-    assert_eq!(dates(hub), vec![day(3)], "the hub is due in three days, not today");
-    assert_eq!(hub["entities"]["order_numbers"], json!(["112-4456789-1234567"]));
-
-    assert_eq!(ids(orders), vec![SHIP_LUMEN, SHIP_NORTHWIND, ORDER_NORTHWIND, ORDER_LUMEN]);
-    let bodies: Vec<&str> = orders["emails"].as_array().unwrap().iter().map(|e| e["body"].as_str().unwrap()).collect();
-    assert!(bodies[2].contains("ErgoFlex office chair") && bodies[2].contains("€278.90"), "{}", bodies[2]);
-    assert!(bodies[3].contains("Designing Data-Intensive Applications") && bodies[3].contains("$89.48"));
+    assert_eq!(results.len(), 1, "{results:#?}");
+    let found = &results[0];
+    assert_eq!(found["today"], day(0));
+    let found_ids = ids(found);
+    assert_eq!(found_ids[0], SHIP_LUMEN, "the best match first: {found_ids:?}");
+    assert!(found_ids.contains(&SHIP_NORTHWIND) && found_ids.contains(&ORDER_NORTHWIND), "{found_ids:?}");
+    let body = |id: &str| found["emails"].as_array().unwrap().iter().find(|e| e["id"] == id).unwrap()["body"].clone();
+    assert!(body(SHIP_NORTHWIND).as_str().unwrap().contains("1Z999AA10123456784"), "whole bodies");
+    assert!(body(ORDER_NORTHWIND).as_str().unwrap().contains("ErgoFlex office chair"));
 
     let cited: Vec<(usize, String)> =
         setup.citations(run_id).await.into_iter().map(|c| (c.marker, c.fragment.id)).collect();
-    let expected = [(3, SHIP_NORTHWIND), (4, ORDER_NORTHWIND), (1, SHIP_LUMEN), (5, ORDER_LUMEN), (2, SHIP_HUB)];
+    let position = |id: &str| found_ids.iter().position(|found| *found == id).unwrap() + 1;
+    assert_eq!((position(SHIP_NORTHWIND), position(ORDER_NORTHWIND)), (5, 6), "the markers the answer uses");
+    let expected = [(1, SHIP_LUMEN), (5, SHIP_NORTHWIND), (6, ORDER_NORTHWIND)];
     assert_eq!(cited, expected.map(|(marker, id)| (marker, id.to_owned())).to_vec());
 }
 
-/// The triage agent on the meeting request: analysed, drafted, then sent once a
-/// human decides.
+/// The model's part of the triage workflow on the meeting request (found and
+/// analysed by the workflow's steps): the draft (addressed by the step, whatever
+/// the model writes there), then, after the send, the report.
 fn reply_to_the_meeting() -> Vec<Step> {
     let draft = json!({
-        "to": "priya@brightdesk.example",
+        "to": "someone@else.example",
         "subject": "Re: Meeting request: Q3 roadmap review",
         "body": "Hi Priya, that works for me. See you in the small meeting room. Sam",
-        "in_reply_to": MEETING,
     });
-    vec![
-        calls(&[("analyze_email_content", json!({"email_id": MEETING}))]),
-        calls(&[("create_draft", draft)]),
-        calls(&[("send_email", json!({"draft_id": 1}))]),
-        text("Replied to Priya's meeting request."),
-    ]
+    vec![calls(&[("create_draft", draft)]), text("Replied to Priya's meeting request.")]
 }
 
 fn meeting_analysis() -> Arc<dyn ModelClient> {
@@ -211,7 +188,8 @@ async fn an_approved_send_lands_in_the_outbox_exactly_once() {
     assert_eq!(setup.runtime.wait(run_id).await.unwrap().status, RunStatus::Succeeded);
     let outbox = setup.mailbox.outbox().await.unwrap();
     assert_eq!(outbox.len(), 1);
-    assert_eq!((outbox[0].to.as_str(), outbox[0].draft_id), ("priya@brightdesk.example", Some(1)));
+    assert!(outbox[0].to.contains("priya@brightdesk.example"), "to the sender, as the step says: {}", outbox[0].to);
+    assert_eq!(outbox[0].draft_id, Some(1));
     assert_eq!(setup.mailbox.draft(1).await.unwrap().status, "sent");
     assert_eq!(setup.mailbox.thread(MEETING).await.unwrap().len(), 2, "the reply joins the thread");
 }
@@ -239,13 +217,7 @@ async fn the_triage_agent_sends_the_complaints_side_effects_to_a_human() {
         "in_reply_to": COMPLAINT,
     });
     let script = vec![
-        calls(&[("analyze_email_content", json!({"email_id": COMPLAINT}))]),
-        calls(&[
-            ("get_email_thread", json!({"email_id": COMPLAINT})),
-            ("extract_entities", json!({"email_id": COMPLAINT})),
-        ]),
         calls(&[("create_draft", draft)]),
-        calls(&[("send_email", json!({"draft_id": 1}))]),
         text("Complaint from Daniel Okafor about order BD-2291: drafted an apology, sent after approval."),
     ];
     // The built-in offline model cannot classify: the tool's rules do, deterministically.
@@ -254,12 +226,11 @@ async fn the_triage_agent_sends_the_complaints_side_effects_to_a_human() {
 
     let (_, tool, reason) = setup.parked_on(run_id, 1).await;
     assert_eq!((tool.as_str(), reason.as_str()), ("create_draft", "the run is classified as complaint"));
-    let analysis = &setup.tool_results()[0];
+    let results = setup.tool_results();
+    assert_eq!(ids(&results[0]), vec![COMPLAINT], "the email the request names");
+    let analysis = &results[1];
     assert_eq!((analysis["classification"].as_str(), analysis["method"].as_str()), (Some("complaint"), Some("rules")));
     assert!(setup.mailbox.draft(1).await.is_err(), "even the draft waits for the human");
-    let entities = &setup.tool_results()[2];
-    assert_eq!(entities["entities"]["order_numbers"], json!(["BD-2291"]));
-    assert_eq!(entities["entities"]["amounts"][0]["value"], 129.0);
 
     setup.decide(run_id, true, None).await;
     let (_, tool, reason) = setup.parked_on(run_id, 2).await;
