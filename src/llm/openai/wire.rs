@@ -307,6 +307,27 @@ mod tests {
     }
 
     #[test]
+    fn a_required_tool_is_named_in_tool_choice() {
+        let tool = std::sync::Arc::new(troupe_actors::llm::ToolDefinition {
+            name: "create_draft".into(),
+            description: "Drafts.".into(),
+            parameters: json!({"type": "object"}),
+        });
+        let mut request = ChatRequest {
+            messages: vec![Message::text(Role::User, "hi")],
+            tools: vec![tool],
+            tool_choice: ToolChoice::Tool("create_draft".into()),
+            max_tokens: None,
+            temperature: None,
+        };
+        let body = request_body(&request, "m", false);
+        assert_eq!(body["tool_choice"], json!({"type": "function", "function": {"name": "create_draft"}}));
+        request.tool_choice = ToolChoice::None;
+        assert_eq!(request_body(&request, "m", false)["tool_choice"], "none");
+        assert_eq!(ToolChoice::Tool("x".into()).callable(&request.tools), Vec::<String>::new(), "only an offered tool");
+    }
+
+    #[test]
     fn events_are_split_on_blank_lines_and_partial_tails_wait() {
         let mut buffer = "data: {\"a\":1}\n\n: comment\n\ndata: [DONE]\r\n\r\ndata: {\"b\"".to_owned();
         assert_eq!(drain_events(&mut buffer), vec!["{\"a\":1}".to_owned(), "[DONE]".to_owned()]);
