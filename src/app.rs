@@ -81,8 +81,8 @@ impl App {
             }
             None => models.fallback(),
         };
-        let mailbox = Arc::new(config.email.mailbox(&config.data_dir));
-        crate::email::register(&mut tools, mailbox, analysis_model)?;
+        let mailboxes = Arc::new(config.email.mailboxes(&config.data_dir));
+        crate::email::register(&mut tools, mailboxes, analysis_model)?;
         // Checked before the store is opened, so a daemon without tokens fails at once.
         let auth = match purpose {
             Purpose::Serve { insecure_no_auth: true } => Some(Auth::open()),

@@ -147,6 +147,10 @@ enum Command {
     /// The email tools' mailbox (`[email]` in the config): import mail, load the
     /// sample, search it, read the outbox.
     Mailbox {
+        /// Whose mailbox: each tenant has its own (a run without a daemon, and a
+        /// daemon without auth, act for `default`).
+        #[arg(long, default_value = "default", global = true)]
+        tenant: String,
         #[command(subcommand)]
         command: MailboxCommand,
     },
@@ -373,7 +377,7 @@ fn in_process(
         return outcome;
     }
     let (purpose, command) = match command {
-        Command::Mailbox { command } => return runtime.block_on(mailbox_command(&config, command)),
+        Command::Mailbox { tenant, command } => return runtime.block_on(mailbox_command(&config, &tenant, command)),
         Command::Model { command: ModelCommand::List } => return Ok(model::list(&config)),
         Command::Model { command: ModelCommand::Pull { model, source, url, index_url, dir } } => {
             let args = PullArgs { model, source, url, index_url, dir };
@@ -389,13 +393,17 @@ fn in_process(
     runtime.block_on(local::run(app, command))
 }
 
-async fn mailbox_command(config: &troupe::config::Config, command: MailboxCommand) -> anyhow::Result<ExitCode> {
+async fn mailbox_command(
+    config: &troupe::config::Config,
+    tenant: &str,
+    command: MailboxCommand,
+) -> anyhow::Result<ExitCode> {
     match command {
-        MailboxCommand::Import { file } => mailbox::import(config, &file).await,
-        MailboxCommand::Sample { reset } => mailbox::sample(config, reset).await,
+        MailboxCommand::Import { file } => mailbox::import(config, tenant, &file).await,
+        MailboxCommand::Sample { reset } => mailbox::sample(config, tenant, reset).await,
         MailboxCommand::Search { query, folder, limit } => {
-            mailbox::search(config, SearchQuery { text: query, folder, limit, ..Default::default() }).await
+            mailbox::search(config, tenant, SearchQuery { text: query, folder, limit, ..Default::default() }).await
         }
-        MailboxCommand::Outbox => mailbox::outbox(config).await,
+        MailboxCommand::Outbox => mailbox::outbox(config, tenant).await,
     }
 }

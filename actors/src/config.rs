@@ -67,6 +67,11 @@ pub struct RuntimeConfig {
     /// timeouts (connect, first byte, idle stream) should fire first.
     #[serde(with = "duration_secs")]
     pub model_timeout: Duration,
+    /// How long a run waits out a model provider that stays overloaded or
+    /// unreachable (after the client's own retries), asking again with growing
+    /// pauses (2 s, 4 s, … up to 60 s), before it fails. Zero: it fails at once.
+    #[serde(with = "duration_secs")]
+    pub model_outage_wait: Duration,
     /// The tool guide: for each tool name, the text the system prompt shows for
     /// it (purpose, when to use it, parameters, an example). Not a config key:
     /// the binary loads it from `config/tools.md`.
@@ -90,6 +95,7 @@ impl Default for RuntimeConfig {
             max_agent_depth: 2,
             max_reflections: 1,
             model_timeout: Duration::from_secs(600),
+            model_outage_wait: Duration::from_secs(300),
             tool_docs: Default::default(),
         }
     }

@@ -184,6 +184,26 @@ pub enum ModelError {
 }
 
 impl ModelError {
+    /// Whether the failure may pass if the call is made again later: the provider
+    /// is overloaded or unreachable (429 but a spent quota, 408, 5xx, a broken
+    /// connection, a stream cut short). A refusal (400, 401, 403, 404, quota), a
+    /// call over `model_timeout`, an undecodable reply or an unusable model stays.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Status { status: 429, message } => {
+                !(message.contains("insufficient_quota") || message.contains("quota_exceeded"))
+            }
+            Self::Status { status, .. } => matches!(status, 408 | 500 | 502 | 503 | 504),
+            Self::Transport(_) | Self::Overloaded(_) | Self::Incomplete => true,
+            Self::Timeout(_)
+            | Self::Decode(_)
+            | Self::Crashed
+            | Self::Unavailable(_)
+            | Self::ContextOverflow { .. }
+            | Self::Inference(_) => false,
+        }
+    }
+
     /// A stable code for events and metrics.
     pub fn code(&self) -> &'static str {
         match self {

@@ -50,6 +50,10 @@ pub struct ReviewInput {
     /// The agent answers only from what its tools return (`grounded`), and no
     /// call of its own tools has succeeded in this run yet.
     pub ungrounded: bool,
+    /// The turn was cut short and the run ends with it: why (a model error, a
+    /// cancel). Such a turn is reviewed by the rules, at once, whatever the agent's
+    /// reviewer.
+    pub ended: Option<String>,
 }
 
 /// Where a review goes. Dropped unsent, it sends the degraded rule-based review.
@@ -123,6 +127,10 @@ impl Actor for Reviewer {
                 let review = rule_based(&input);
                 reply.send(review);
             }
+            ReviewerMsg::Review { input, reply, .. } if input.ended.is_some() => {
+                let review = rule_based(&input);
+                reply.send(review);
+            }
             ReviewerMsg::Review { kind: ReviewerKind::Model { model }, agent_model, input, reply } => {
                 let name = model.or(agent_model);
                 let Some(client) = self.models.get(name.as_deref()) else {
@@ -165,14 +173,16 @@ pub fn degraded(input: &ReviewInput, why: &str) -> Review {
 /// - **relevance**: for an answer, 0.5 + 0.5 × the share of the request's words (4+
 ///   letters) that the answer uses, 0 for an empty answer; for a tool turn, 1 if a
 ///   call completed, 0.5 if none did; 1 for a turn with neither.
-/// - **gaps**: unfinished and failed tasks, blocked tools.
+/// - **gaps**: unfinished and failed tasks, blocked tools; for a turn cut short
+///   (`ended`), why it ended.
 /// - **recommendation**: `proceed` for the synthesis turn; `gather_more` for an
 ///   answer that is empty, is runtime text or a tool call written as text, or (for
 ///   a `grounded` agent) comes before any of its tools returned a result; `replan`
 ///   for a tool turn where no call completed and one failed; `proceed` otherwise
 ///   (a turn that only repeated calls that had succeeded is followed by a turn
 ///   that must answer). An unfinished plan does not hold back an answer: the
-///   answer is judged, not the model's bookkeeping.
+///   answer is judged, not the model's bookkeeping. A turn cut short: `proceed`
+///   (the run ends with it).
 pub fn rule_based(input: &ReviewInput) -> Review {
     let total = input.calls.len();
     let count = |pred: &dyn Fn(&CallSummary) -> bool| input.calls.iter().filter(|c| pred(c)).count();
@@ -214,17 +224,27 @@ pub fn rule_based(input: &ReviewInput) -> Review {
         gaps.push(format!("tool {tool} is blocked after repeated failures"));
     }
 
-    let (recommendation, mut actions) = recommend(input, completed, hard);
+    let (recommendation, mut actions) = match &input.ended {
+        // Nothing comes after a turn the run ends with.
+        Some(why) => {
+            gaps.push(format!("the turn was cut short: {why}"));
+            (Recommendation::Proceed, Vec::new())
+        }
+        None => recommend(input, completed, hard),
+    };
     for tool in &input.blocked_tools {
         actions.push(format!("do not call {tool} for now"));
     }
     let needs_more_data = recommendation != Recommendation::Proceed;
+    let verdict = match &input.ended {
+        Some(why) => format!("ended early ({why}); the run ends"),
+        None => recommendation.as_str().to_owned(),
+    };
     let notes = format!(
-        "turn {}: {total} calls ({completed} completed); plan {}/{} done; {}",
+        "turn {}: {total} calls ({completed} completed); plan {}/{} done; {verdict}",
         input.turn,
         plan.count(TaskStatus::Completed),
         plan.items.len(),
-        recommendation.as_str()
     );
     Review {
         status: ReviewStatus::Ok,
@@ -378,6 +398,7 @@ mod tests {
             blocked_tools: vec![],
             synthesis: false,
             ungrounded: false,
+            ended: None,
         }
     }
 

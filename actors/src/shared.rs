@@ -45,9 +45,22 @@ pub struct RuntimeShared {
 pub struct Handles {
     tool_pool: RwLock<Option<ActorRef<ToolPoolMsg>>>,
     reviewer: RwLock<Option<ActorRef<ReviewerMsg>>>,
+    /// Set once the runtime begins to shut down: sessions stopping then are not
+    /// runs that ended.
+    shutting_down: std::sync::atomic::AtomicBool,
 }
 
 impl Handles {
+    /// Marks the runtime as shutting down.
+    pub fn begin_shutdown(&self) {
+        self.shutting_down.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether the runtime is shutting down.
+    pub fn shutting_down(&self) -> bool {
+        self.shutting_down.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// The tool pool, unless it is being restarted.
     pub fn tool_pool(&self) -> Option<ActorRef<ToolPoolMsg>> {
         self.tool_pool.read().ok().and_then(|guard| guard.clone())

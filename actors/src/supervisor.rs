@@ -79,6 +79,12 @@ pub enum SupervisorMsg {
         /// The count.
         reply: RpcReplyPort<usize>,
     },
+    /// Shutdown's first step: every session lets its tool calls in flight end,
+    /// commits them and stops (see `SessionMsg::Drain`).
+    Drain {
+        /// The sessions told to drain, to wait for.
+        reply: RpcReplyPort<Vec<ActorCell>>,
+    },
 }
 
 /// The supervisor; read-only.
@@ -175,6 +181,13 @@ impl Actor for Supervisor {
             }
             SupervisorMsg::ActiveRuns { reply } => {
                 let _ = reply.send(state.runs.len());
+            }
+            SupervisorMsg::Drain { reply } => {
+                let sessions = state.runs.values().map(|run| run.session.clone()).collect::<Vec<_>>();
+                for session in &sessions {
+                    let _ = session.cast(SessionMsg::Drain);
+                }
+                let _ = reply.send(sessions.into_iter().map(|session| session.get_cell()).collect());
             }
         }
         Ok(())

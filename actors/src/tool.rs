@@ -75,6 +75,11 @@ fn compact(schema: &mut Value) {
 pub struct ToolContext {
     /// The run.
     pub run_id: RunId,
+    /// The run's tenant. A tool that keeps data (a mailbox, a file) keeps each
+    /// tenant's apart by it.
+    pub tenant: String,
+    /// The run's agent.
+    pub agent: String,
     /// The turn.
     pub turn: u32,
     /// The model's call id.

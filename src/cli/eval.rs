@@ -16,6 +16,7 @@ use troupe_actors::{Deps, Runtime};
 use crate::app::App;
 use crate::config::Config;
 use crate::eval::{EvalOptions, Task, TaskFile};
+use crate::tools::TenantPath;
 
 /// What `troupe eval` was asked.
 #[derive(Debug, Clone)]
@@ -50,8 +51,10 @@ pub fn scratch(config: &mut Config) -> anyhow::Result<PathBuf> {
     let dir = std::env::temp_dir().join(format!("troupe-eval-{stamp}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     config.store.url = Some(format!("sqlite://{}", dir.join("troupe.db").display()));
-    config.email.mailbox_path = dir.join("mailbox.db");
-    config.tools.journal_path = dir.join("journal.log");
+    config.email.mailbox_path =
+        TenantPath::new(dir.join("{tenant}/mailbox.db").display().to_string()).map_err(anyhow::Error::msg)?;
+    config.tools.journal_path =
+        TenantPath::new(dir.join("{tenant}/journal.log").display().to_string()).map_err(anyhow::Error::msg)?;
     Ok(dir)
 }
 

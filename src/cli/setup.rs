@@ -38,7 +38,7 @@ pub fn load_config(overrides: Overrides, env: &Environment) -> anyhow::Result<Co
     if let Some(bind) = &overrides.bind {
         config.server.bind.clone_from(bind);
     }
-    config.tools.journal_path = config.in_data_dir(&config.tools.journal_path);
+    config.tools.journal_path = config.tools.journal_path.under(&config.data_dir);
     Ok(config)
 }
 

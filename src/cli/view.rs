@@ -114,6 +114,13 @@ impl View {
                 self.lines(out, &format!("  ! could not decode a tool call: {detail}"))?;
             }
             EventKind::Error { code, message } => self.lines(out, &format!("  ! {code}: {message}"))?,
+            EventKind::ModelRetry { attempt, message, retry_in_ms, .. } => {
+                let seconds = *retry_in_ms as f64 / 1000.0;
+                self.lines(
+                    out,
+                    &format!("  … the model failed ({message}); asking again in {seconds:.0} s (try {attempt})"),
+                )?;
+            }
             EventKind::FinalOutput { text, citations } => {
                 self.collapse(out)?;
                 if !self.answer_streamed {

@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use troupe_actors::llm::{ChatRequest, Message, ModelChunk, ModelClient, Role, ToolChoice};
 use troupe_actors::tool::{Tool, ToolContext, ToolError, ToolOutput};
 
-use crate::email::mailbox::Mailbox;
+use crate::email::Mailboxes;
 use crate::email::tools::{fragment, tool_error};
 
 /// The classes an email can be given.
@@ -45,8 +45,8 @@ personal, other; \"sentiment\": positive, neutral or negative; \"urgency\": low,
 
 /// The tool.
 pub struct AnalyzeEmailContent {
-    /// The mailbox, for emails given by id.
-    pub mailbox: Arc<Mailbox>,
+    /// Every tenant's mailbox, for emails given by id.
+    pub mailboxes: Arc<Mailboxes>,
     /// The model asked.
     pub model: Arc<dyn ModelClient>,
 }
@@ -78,12 +78,17 @@ impl Tool for AnalyzeEmailContent {
         }
     }
 
-    async fn call(&self, _context: ToolContext, args: Value) -> Result<ToolOutput, ToolError> {
+    async fn call(&self, context: ToolContext, args: Value) -> Result<ToolOutput, ToolError> {
         let args: super::tools::EmailOrText = crate::tools::parse_args(args)?;
         let email_id = args.email_id.as_deref().map(str::trim).filter(|id| !id.is_empty());
         let (text, folder, email) = match (email_id, args.text.as_deref()) {
             (Some(id), None) => {
-                let email = self.mailbox.get(crate::email::mime::strip_brackets(id)).await.map_err(tool_error)?;
+                let email = self
+                    .mailboxes
+                    .of(&context.tenant)
+                    .get(crate::email::mime::strip_brackets(id))
+                    .await
+                    .map_err(tool_error)?;
                 let text =
                     format!("From: {}\nTo: {}\nSubject: {}\n\n{}", email.from, email.to, email.subject, email.body);
                 (text, email.folder.clone(), Some(email))

@@ -14,12 +14,15 @@ pub mod mailbox;
 pub mod mime;
 pub mod tools;
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 use serde::Deserialize;
 use troupe_actors::llm::ModelClient;
 use troupe_actors::tool::{RegistryError, Tool, ToolRegistry};
+
+use crate::tools::TenantPath;
 
 pub use mailbox::{Mailbox, MailboxError, MailboxOptions};
 
@@ -27,8 +30,9 @@ pub use mailbox::{Mailbox, MailboxError, MailboxOptions};
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EmailConfig {
-    /// The mailbox's SQLite file; a relative path is under the data dir.
-    pub mailbox_path: PathBuf,
+    /// The mailbox's SQLite file, one per tenant (the path holds `{tenant}`); a
+    /// relative path is under the data dir.
+    pub mailbox_path: TenantPath,
     /// Fill an empty mailbox with the built-in sample on first use.
     pub seed_sample: bool,
     /// The address `send_email` sends from.
@@ -40,7 +44,7 @@ pub struct EmailConfig {
 impl Default for EmailConfig {
     fn default() -> Self {
         Self {
-            mailbox_path: PathBuf::from("mailbox.db"),
+            mailbox_path: TenantPath::builtin("tenants/{tenant}/mailbox.db"),
             seed_sample: true,
             address: "Sam Rivera <sam@brightdesk.example>".to_owned(),
             model: None,
@@ -49,33 +53,63 @@ impl Default for EmailConfig {
 }
 
 impl EmailConfig {
-    /// The mailbox these settings describe, with a relative path under `data_dir`.
-    pub fn mailbox(&self, data_dir: &Path) -> Mailbox {
-        let path =
-            if self.mailbox_path.is_absolute() { self.mailbox_path.clone() } else { data_dir.join(&self.mailbox_path) };
-        Mailbox::new(MailboxOptions { path, seed_sample: self.seed_sample, address: self.address.clone() })
+    /// Every tenant's mailbox as these settings describe it, a relative path under
+    /// `data_dir`.
+    pub fn mailboxes(&self, data_dir: &Path) -> Mailboxes {
+        Mailboxes { path: self.mailbox_path.under(data_dir), settings: self.clone(), open: Mutex::default() }
+    }
+
+    /// The mailbox of `tenant`, a relative path under `data_dir`.
+    pub fn mailbox(&self, data_dir: &Path, tenant: &str) -> Mailbox {
+        self.mailboxes(data_dir).of_new(tenant)
     }
 }
 
-/// The email tools over `mailbox`, `analyze_email_content` asking `model`.
-pub fn email_tools(mailbox: Arc<Mailbox>, model: Arc<dyn ModelClient>) -> Vec<Arc<dyn Tool>> {
+/// Each tenant's mailbox, a SQLite file of its own, opened on first use and kept
+/// open.
+pub struct Mailboxes {
+    path: TenantPath,
+    settings: EmailConfig,
+    open: Mutex<HashMap<String, Arc<Mailbox>>>,
+}
+
+impl Mailboxes {
+    /// The mailbox of `tenant`.
+    pub fn of(&self, tenant: &str) -> Arc<Mailbox> {
+        // A std mutex: the section is one map lookup, never an await.
+        let mut open = self.open.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        open.entry(tenant.to_owned()).or_insert_with(|| Arc::new(self.of_new(tenant))).clone()
+    }
+
+    fn of_new(&self, tenant: &str) -> Mailbox {
+        Mailbox::new(MailboxOptions {
+            path: self.path.of(tenant),
+            seed_sample: self.settings.seed_sample,
+            address: self.settings.address.clone(),
+        })
+    }
+}
+
+/// The email tools over `mailboxes` (each call uses its run's tenant's),
+/// `analyze_email_content` asking `model`.
+pub fn email_tools(mailboxes: Arc<Mailboxes>, model: Arc<dyn ModelClient>) -> Vec<Arc<dyn Tool>> {
     vec![
-        Arc::new(tools::SearchEmails { mailbox: mailbox.clone() }),
-        Arc::new(tools::GetEmailThread { mailbox: mailbox.clone() }),
-        Arc::new(tools::ExtractEntities { mailbox: mailbox.clone() }),
-        Arc::new(analyze::AnalyzeEmailContent { mailbox: mailbox.clone(), model }),
-        Arc::new(tools::CreateDraft { mailbox: mailbox.clone() }),
-        Arc::new(tools::SendEmail { mailbox }),
+        Arc::new(tools::SearchEmails { mailboxes: mailboxes.clone() }),
+        Arc::new(tools::GetEmailThread { mailboxes: mailboxes.clone() }),
+        Arc::new(tools::ExtractEntities { mailboxes: mailboxes.clone() }),
+        Arc::new(analyze::AnalyzeEmailContent { mailboxes: mailboxes.clone(), model }),
+        Arc::new(tools::CreateDraft { mailboxes: mailboxes.clone() }),
+        Arc::new(tools::SendEmail { mailboxes }),
     ]
 }
 
-/// Adds the email tools to `registry`.
+/// Adds the email tools over `mailboxes` to `registry`.
 pub fn register(
     registry: &mut ToolRegistry,
-    mailbox: Arc<Mailbox>,
+    mailboxes: Arc<Mailboxes>,
     model: Arc<dyn ModelClient>,
 ) -> Result<(), RegistryError> {
-    email_tools(mailbox, model).into_iter().try_for_each(|tool| registry.register(tool))
+    email_tools(mailboxes, model).into_iter().try_for_each(|tool| registry.register(tool))
 }
 
 #[cfg(test)]

@@ -18,6 +18,8 @@ use crate::email::mailbox::{Compose, SearchQuery};
 
 /// A fresh mailbox file in the temp dir, removed when dropped.
 struct TempMailbox {
+    mailboxes: Arc<Mailboxes>,
+    /// The `default` tenant's, which [`context`] acts for.
     mailbox: Arc<Mailbox>,
     dir: PathBuf,
 }
@@ -31,12 +33,15 @@ impl Drop for TempMailbox {
 fn temp_mailbox(seed_sample: bool) -> TempMailbox {
     let dir = std::env::temp_dir().join(format!("troupe-mailbox-{}", uuid::Uuid::now_v7()));
     let config = EmailConfig { seed_sample, ..EmailConfig::default() };
-    TempMailbox { mailbox: Arc::new(config.mailbox(&dir)), dir }
+    let mailboxes = Arc::new(config.mailboxes(&dir));
+    TempMailbox { mailbox: mailboxes.of("default"), mailboxes, dir }
 }
 
 fn context(key: &str) -> ToolContext {
     ToolContext {
         run_id: RunId::new(),
+        tenant: "default".into(),
+        agent: "email-assistant".into(),
         turn: 1,
         call_id: "c".into(),
         idempotency_key: key.into(),
@@ -158,7 +163,7 @@ async fn drafts_and_the_outbox_write_once_per_idempotency_key() {
 }
 
 fn tools(temp: &TempMailbox, model: ScriptedModel) -> Vec<Arc<dyn Tool>> {
-    email_tools(temp.mailbox.clone(), Arc::new(model))
+    email_tools(temp.mailboxes.clone(), Arc::new(model))
 }
 
 fn tool<'a>(tools: &'a [Arc<dyn Tool>], name: &str) -> &'a Arc<dyn Tool> {
@@ -228,7 +233,7 @@ async fn analysis_comes_from_the_model_or_else_from_the_rules() {
 async fn an_email_filed_as_spam_is_spam_whatever_a_model_would_say() {
     let temp = temp_mailbox(true);
     let model = Arc::new(ScriptedModel::queue(vec![text(r#"{"classification": "delivery", "confidence": 0.9}"#)]));
-    let tools = email_tools(temp.mailbox.clone(), model.clone());
+    let tools = email_tools(temp.mailboxes.clone(), model.clone());
     let spam = json!({"email_id": "parcel-fee-2291@secure-delivery-alerts.example"});
     let analysis = call(&tools, "analyze_email_content", spam).await.unwrap();
     assert_eq!((analysis["classification"].as_str(), analysis["method"].as_str()), (Some("spam"), Some("folder")));
@@ -239,7 +244,7 @@ async fn an_email_filed_as_spam_is_spam_whatever_a_model_would_say() {
 #[tokio::test]
 async fn the_offline_model_gets_the_deterministic_rule_based_analysis() {
     let temp = temp_mailbox(true);
-    let tools = email_tools(temp.mailbox.clone(), Arc::new(crate::llm::offline::OfflineModel));
+    let tools = email_tools(temp.mailboxes.clone(), Arc::new(crate::llm::offline::OfflineModel));
     let spam = json!({"email_id": "parcel-fee-2291@secure-delivery-alerts.example"});
     let first = call(&tools, "analyze_email_content", spam.clone()).await.unwrap();
     assert_eq!(first["classification"], "spam");

@@ -14,8 +14,9 @@ use serde_json::{Value, json};
 use troupe_actors::protocol::Fragment;
 use troupe_actors::tool::{Tool, ToolContext, ToolError, ToolOutput};
 
+use crate::email::Mailboxes;
 use crate::email::entities;
-use crate::email::mailbox::{Compose, Email, Mailbox, MailboxError, SearchQuery};
+use crate::email::mailbox::{Compose, Email, MailboxError, SearchQuery};
 use crate::tools::{parse_args, schema_of};
 
 /// Characters of a body shown in a search result unless bodies are asked for.
@@ -208,8 +209,8 @@ struct SendArgs {
 
 /// `search_emails`: full-text search with filters.
 pub struct SearchEmails {
-    /// The mailbox.
-    pub mailbox: Arc<Mailbox>,
+    /// Every tenant's mailbox.
+    pub mailboxes: Arc<Mailboxes>,
 }
 
 #[async_trait]
@@ -239,7 +240,7 @@ impl Tool for SearchEmails {
         }
     }
 
-    async fn call(&self, _context: ToolContext, args: Value) -> Result<ToolOutput, ToolError> {
+    async fn call(&self, context: ToolContext, args: Value) -> Result<ToolOutput, ToolError> {
         let args: SearchArgs = parse_args(args)?;
         let query = SearchQuery {
             text: present(&args.query).unwrap_or_default().to_owned(),
@@ -257,7 +258,7 @@ impl Tool for SearchEmails {
             return Err(ToolError::InvalidArgs(format!("date_from {from} is after date_to {to}")));
         }
         let full_body = args.include_body.unwrap_or(false);
-        let emails = self.mailbox.search(&query).await.map_err(tool_error)?;
+        let emails = self.mailboxes.of(&context.tenant).search(&query).await.map_err(tool_error)?;
         let value = json!({
             "today": Local::now().format("%Y-%m-%d").to_string(),
             "count": emails.len(),
@@ -269,8 +270,8 @@ impl Tool for SearchEmails {
 
 /// `get_email_thread`: an email's whole conversation, with bodies.
 pub struct GetEmailThread {
-    /// The mailbox.
-    pub mailbox: Arc<Mailbox>,
+    /// Every tenant's mailbox.
+    pub mailboxes: Arc<Mailboxes>,
 }
 
 #[async_trait]
@@ -295,13 +296,18 @@ impl Tool for GetEmailThread {
         format!("Reading the thread of {}", string_arg(args, "email_id").unwrap_or("an email"))
     }
 
-    async fn call(&self, _context: ToolContext, args: Value) -> Result<ToolOutput, ToolError> {
+    async fn call(&self, context: ToolContext, args: Value) -> Result<ToolOutput, ToolError> {
         let args: ThreadArgs = parse_args(args)?;
         let id = args.email_id.trim();
         if id.is_empty() {
             return Err(ToolError::InvalidArgs("email_id is empty".to_owned()));
         }
-        let thread = self.mailbox.thread(crate::email::mime::strip_brackets(id)).await.map_err(tool_error)?;
+        let thread = self
+            .mailboxes
+            .of(&context.tenant)
+            .thread(crate::email::mime::strip_brackets(id))
+            .await
+            .map_err(tool_error)?;
         let value = json!({
             "thread_id": thread[0].thread_id,
             "subject": thread[0].subject,
@@ -314,8 +320,8 @@ impl Tool for GetEmailThread {
 
 /// `extract_entities`: deterministic entities of an email or a text.
 pub struct ExtractEntities {
-    /// The mailbox.
-    pub mailbox: Arc<Mailbox>,
+    /// Every tenant's mailbox.
+    pub mailboxes: Arc<Mailboxes>,
 }
 
 #[async_trait]
@@ -344,11 +350,16 @@ impl Tool for ExtractEntities {
         }
     }
 
-    async fn call(&self, _context: ToolContext, args: Value) -> Result<ToolOutput, ToolError> {
+    async fn call(&self, context: ToolContext, args: Value) -> Result<ToolOutput, ToolError> {
         let args: EmailOrText = parse_args(args)?;
         match (present(&args.email_id), args.text.as_deref()) {
             (Some(id), None) => {
-                let email = self.mailbox.get(crate::email::mime::strip_brackets(id)).await.map_err(tool_error)?;
+                let email = self
+                    .mailboxes
+                    .of(&context.tenant)
+                    .get(crate::email::mime::strip_brackets(id))
+                    .await
+                    .map_err(tool_error)?;
                 let found = entities::extract(&format!("{}\n{}", email.subject, email.body));
                 let value = json!({"email_id": email.id, "subject": email.subject, "entities": found});
                 Ok(ToolOutput { value, fragments: vec![fragment(&email)], cost_usd: 0.0 })
@@ -379,8 +390,8 @@ fn compose(args: DraftArgs, need_recipient: bool) -> Result<Compose, ToolError> 
 
 /// `create_draft`: stores a draft for later sending.
 pub struct CreateDraft {
-    /// The mailbox.
-    pub mailbox: Arc<Mailbox>,
+    /// Every tenant's mailbox.
+    pub mailboxes: Arc<Mailboxes>,
 }
 
 #[async_trait]
@@ -404,7 +415,12 @@ impl Tool for CreateDraft {
 
     async fn call(&self, context: ToolContext, args: Value) -> Result<ToolOutput, ToolError> {
         let message = compose(parse_args(args)?, true)?;
-        let draft = self.mailbox.create_draft(&message, &context.idempotency_key).await.map_err(tool_error)?;
+        let draft = self
+            .mailboxes
+            .of(&context.tenant)
+            .create_draft(&message, &context.idempotency_key)
+            .await
+            .map_err(tool_error)?;
         Ok(ToolOutput::value(
             json!({"draft_id": draft.id, "status": draft.status, "to": draft.to, "subject": draft.subject}),
         ))
@@ -414,8 +430,8 @@ impl Tool for CreateDraft {
 /// `send_email`: queues a draft (or a message given in full) in the outbox. Every
 /// call waits for a human's approval.
 pub struct SendEmail {
-    /// The mailbox.
-    pub mailbox: Arc<Mailbox>,
+    /// Every tenant's mailbox.
+    pub mailboxes: Arc<Mailboxes>,
 }
 
 #[async_trait]
@@ -466,7 +482,12 @@ impl Tool for SendEmail {
             }
             _ => return Err(ToolError::InvalidArgs("give either draft_id or to, subject and body".to_owned())),
         };
-        let sent = self.mailbox.send(draft_id, message, &context.idempotency_key).await.map_err(tool_error)?;
+        let sent = self
+            .mailboxes
+            .of(&context.tenant)
+            .send(draft_id, message, &context.idempotency_key)
+            .await
+            .map_err(tool_error)?;
         Ok(ToolOutput::value(json!({
             "status": "queued",
             "outbox_id": sent.id,

@@ -478,8 +478,14 @@ async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
     }
 }
 
-/// Prometheus exposition.
-async fn metrics(State(state): State<AppState>) -> Response {
+/// Prometheus exposition; with `metrics_token_sha256` set, only for its bearer.
+async fn metrics(State(state): State<AppState>, headers: axum::http::HeaderMap) -> Response {
+    if let Some(token) = &state.inner.metrics_token {
+        let authorization = headers.get(axum::http::header::AUTHORIZATION).and_then(|value| value.to_str().ok());
+        if !token.admits(authorization) {
+            return ApiError::unauthorized().into_response();
+        }
+    }
     match &state.inner.prometheus {
         Some(handle) => {
             ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], handle.render())

@@ -117,6 +117,25 @@ impl Auth {
     }
 }
 
+/// A token known by its SHA-256, as `/metrics` asks for it.
+#[derive(Debug, Clone)]
+pub struct HashedToken([u8; 32]);
+
+impl HashedToken {
+    /// The token whose SHA-256 is `hex` (64 hex digits), if it is one.
+    pub fn from_hex(hex: &str) -> Option<Self> {
+        parse_hex(hex).map(Self)
+    }
+
+    /// Whether an `Authorization` header value carries this token as a bearer.
+    pub fn admits(&self, authorization: Option<&str>) -> bool {
+        let Some(token) = authorization.and_then(|value| value.strip_prefix("Bearer ")).map(str::trim) else {
+            return false;
+        };
+        constant_time_eq(&self.0, &Sha256::digest(token.as_bytes()).into())
+    }
+}
+
 fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
     let difference = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
     std::hint::black_box(difference) == 0

@@ -32,6 +32,9 @@ pub struct ServerConfig {
     pub max_sse_clients_per_tenant: usize,
     /// The `Retry-After` (seconds) sent with 429 and 503 answers.
     pub retry_after: u64,
+    /// The SHA-256 (64 hex digits) of the token `/metrics` asks for as
+    /// `Authorization: Bearer …`; `None`: `/metrics` is open.
+    pub metrics_token_sha256: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -47,6 +50,7 @@ impl Default for ServerConfig {
             max_sse_clients: 1024,
             max_sse_clients_per_tenant: 16,
             retry_after: 5,
+            metrics_token_sha256: None,
         }
     }
 }

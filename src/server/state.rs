@@ -13,7 +13,7 @@ use troupe_actors::Runtime;
 use troupe_actors::protocol::RunId;
 use troupe_actors::store::RunRecord;
 
-use super::auth::{Auth, Tenant};
+use super::auth::{Auth, HashedToken, Tenant};
 use super::config::{ServeError, ServerConfig, Timing};
 use super::error::ApiError;
 use super::slots::StreamSlots;
@@ -31,6 +31,8 @@ pub(super) struct Inner {
     pub(super) config: ServerConfig,
     pub(super) timing: Timing,
     pub(super) prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    /// The token `/metrics` asks for, if any.
+    pub(super) metrics_token: Option<HashedToken>,
     pub(super) streams: StreamSlots,
     pub(super) shutdown: CancellationToken,
 }
@@ -46,8 +48,15 @@ impl AppState {
         shutdown: CancellationToken,
     ) -> Result<Self, ServeError> {
         let timing = config.timing()?;
+        let metrics_token = match &config.metrics_token_sha256 {
+            Some(hex) => Some(HashedToken::from_hex(hex).ok_or_else(|| {
+                ServeError::Config("metrics_token_sha256 must be 64 hex digits (`troupe hash-token TOKEN`)".to_owned())
+            })?),
+            None => None,
+        };
         let streams = StreamSlots::new(config.max_sse_clients, config.max_sse_clients_per_tenant);
-        Ok(Self { inner: Arc::new(Inner { runtime, auth, config, timing, prometheus, streams, shutdown }) })
+        let inner = Inner { runtime, auth, config, timing, prometheus, metrics_token, streams, shutdown };
+        Ok(Self { inner: Arc::new(inner) })
     }
 }
 

@@ -1,11 +1,10 @@
 //! `journal`: appends a line to the agent's journal, a file the operator reads (one
-//! line per entry: time, the call's idempotency key, the text). It has an effect
+//! line per entry: time, the call's idempotency key, the text), one file per tenant. It has an effect
 //! outside the run, so it is not idempotent: after a crash a call left `started`
 //! is reported interrupted, never written twice by troupe. The key on each line
 //! lets a reader spot a repeat a downstream retry could still cause.
 
 use std::io::Write;
-use std::path::PathBuf;
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
@@ -23,10 +22,10 @@ struct Args {
     text: String,
 }
 
-/// The tool, writing to `path`.
+/// The tool, writing to the run's tenant's file of `path`.
 pub struct Journal {
-    /// The journal file (created with its folder on first write).
-    pub path: PathBuf,
+    /// The journal files (each created with its folder on its first write).
+    pub path: crate::tools::TenantPath,
 }
 
 #[async_trait]
@@ -51,7 +50,7 @@ impl Tool for Journal {
         let Args { text } = crate::tools::args::parse_args(args)?;
         let text = text.replace(['\n', '\r', '\t'], " ");
         let line = format!("{}\t{}\t{text}\n", chrono::Utc::now().to_rfc3339(), context.idempotency_key);
-        let path = self.path.clone();
+        let path = self.path.of(&context.tenant);
         let written = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
             if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
                 std::fs::create_dir_all(parent)?;

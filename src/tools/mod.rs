@@ -4,9 +4,9 @@ mod args;
 pub mod guide;
 mod http_fetch;
 mod journal;
+pub mod tenant;
 mod text_stats;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use serde::Deserialize;
@@ -14,24 +14,30 @@ use troupe_actors::tool::{RegistryError, ToolRegistry};
 
 pub use http_fetch::{HttpFetch, HttpFetchConfig};
 pub use journal::Journal;
+pub use tenant::TenantPath;
 pub use text_stats::TextStats;
 
 /// Settings of the built-in tools.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ToolsConfig {
-    /// The file the `journal` tool appends to; a relative path is under the data dir.
-    pub journal_path: PathBuf,
+    /// The file the `journal` tool appends to, one per tenant (the path holds
+    /// `{tenant}`); a relative path is under the data dir.
+    pub journal_path: TenantPath,
     /// A tool guide of your own (the format of `config/tools.md`, which is built
     /// in), replacing the built-in one.
-    pub guide_path: Option<PathBuf>,
+    pub guide_path: Option<std::path::PathBuf>,
     /// The `http_fetch` tool: limits and the allow-list over its SSRF denials.
     pub http_fetch: HttpFetchConfig,
 }
 
 impl Default for ToolsConfig {
     fn default() -> Self {
-        Self { journal_path: PathBuf::from("journal.log"), guide_path: None, http_fetch: HttpFetchConfig::default() }
+        Self {
+            journal_path: TenantPath::builtin("tenants/{tenant}/journal.log"),
+            guide_path: None,
+            http_fetch: HttpFetchConfig::default(),
+        }
     }
 }
 
@@ -65,7 +71,7 @@ mod tests {
         );
         assert_eq!(schema["properties"]["text"]["description"], "The text to measure.");
         assert!(schema.get("$schema").is_none() && schema.get("title").is_none());
-        let journal = Journal { path: "unused".into() }.parameters();
+        let journal = Journal { path: ToolsConfig::default().journal_path }.parameters();
         assert_eq!(journal["properties"]["text"]["maxLength"], 4096);
     }
 }

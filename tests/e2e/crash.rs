@@ -154,9 +154,11 @@ impl Sandbox {
         let dir = std::env::temp_dir().join(format!("troupe-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("agents")).unwrap();
-        let journal = dir.join("journal.log");
+        // The runs of `troupe demo` act for the tenant `default`.
+        let journal = dir.join("tenants/default/journal.log");
         let store_url = format!("sqlite://{}", dir.join("troupe.db").display());
-        let config = format!("[tools]\njournal_path = {:?}\n", journal.display().to_string());
+        let template = dir.join("tenants/{tenant}/journal.log");
+        let config = format!("[tools]\njournal_path = {:?}\n", template.display().to_string());
         std::fs::write(dir.join("troupe.toml"), config).unwrap();
         let agent = format!("name = \"crash\"\ninstructions = \"Record, then measure.\"\ntools = {tools}\n");
         std::fs::write(dir.join("agents").join("crash.toml"), agent).unwrap();

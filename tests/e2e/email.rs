@@ -45,9 +45,11 @@ impl Drop for Setup {
 
 async fn setup(script: Vec<Step>, analysis: Arc<dyn ModelClient>) -> Setup {
     let dir = std::env::temp_dir().join(format!("troupe-e2e-email-{}", uuid::Uuid::now_v7()));
-    let mailbox = Arc::new(EmailConfig::default().mailbox(&dir));
+    let mailboxes = Arc::new(EmailConfig::default().mailboxes(&dir));
+    // Runs submitted without a tenant act for `default`.
+    let mailbox = mailboxes.of("default");
     let mut tools = ToolRegistry::new();
-    troupe::email::register(&mut tools, mailbox.clone(), analysis).unwrap();
+    troupe::email::register(&mut tools, mailboxes, analysis).unwrap();
     let agents = vec![
         parse_agent("email-assistant.toml", include_str!("../../config/agents/email-assistant.toml")).unwrap(),
         parse_agent("email-triage.toml", include_str!("../../config/agents/email-triage.toml")).unwrap(),
@@ -242,4 +244,59 @@ async fn the_triage_agent_sends_the_complaints_side_effects_to_a_human() {
     setup.decide(run_id, true, None).await;
     assert_eq!(setup.runtime.wait(run_id).await.unwrap().status, RunStatus::Succeeded);
     assert_eq!(setup.mailbox.outbox().await.unwrap().len(), 1);
+}
+
+/// Two tenants' runs through the same tools: each searches and journals in its own
+/// files. Tenant A's agent, told to look for tenant B's subject, finds nothing of B's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_tenant_searches_its_own_mail_and_writes_its_own_journal() {
+    let dir = std::env::temp_dir().join(format!("troupe-e2e-tenants-{}", uuid::Uuid::now_v7()));
+    let email = EmailConfig { seed_sample: false, ..EmailConfig::default() };
+    let mailboxes = Arc::new(email.mailboxes(&dir));
+    let mail = |id: &str, subject: &str| {
+        json!([{ "id": id, "from": "someone@example.com", "subject": subject, "body": subject, "day_offset": 0 }])
+            .to_string()
+    };
+    mailboxes.of("acme").import(&mail("acme-1@example.com", "Acme quarterly numbers")).await.unwrap();
+    mailboxes.of("globex").import(&mail("globex-1@example.com", "Globex merger plans")).await.unwrap();
+    let journal =
+        troupe::tools::TenantPath::new(dir.join("tenants/{tenant}/journal.log").display().to_string()).unwrap();
+    let mut tools = ToolRegistry::new();
+    troupe::email::register(&mut tools, mailboxes, Arc::new(ScriptedModel::queue(vec![]))).unwrap();
+    tools.register(Arc::new(troupe::tools::Journal { path: journal.clone() })).unwrap();
+    let agent = "name = \"finder\"\ninstructions = \"Search, note, answer.\"\ntools = [\"search_emails\", \"journal\"]";
+    // Each run: a search for Globex's subject in every folder and a journal entry, then the answer.
+    let turn = |entry: &str| {
+        calls(&[
+            ("search_emails", json!({ "query": "Globex merger", "folder": "all" })),
+            ("journal", json!({ "text": entry })),
+        ])
+    };
+    let model =
+        Arc::new(ScriptedModel::queue(vec![turn("acme entry"), text("done"), turn("globex entry"), text("done")]));
+    let deps = Deps {
+        store: Arc::new(MemoryStore::new()),
+        models: ModelRegistry::new(model.clone()),
+        tools,
+        hooks: Vec::new(),
+        agents: vec![parse_agent("finder.toml", agent).unwrap()],
+    };
+    let runtime = Runtime::start(RuntimeConfig::default(), deps).await.unwrap();
+    let mut found = Vec::new();
+    for tenant in ["acme", "globex"] {
+        let request = SubmitRequest { tenant: tenant.to_owned(), ..SubmitRequest::new("finder", "find the merger") };
+        let run_id = runtime.submit(request).await.unwrap();
+        assert_eq!(runtime.wait(run_id).await.unwrap().status, RunStatus::Succeeded);
+        let shown = model.requests().pop().unwrap();
+        let result = shown.messages.iter().find(|m| m.role == Role::Tool).unwrap().content.clone();
+        found.push(serde_json::from_str::<Value>(&result).unwrap());
+    }
+    assert_eq!(found[0]["count"], 0, "acme sees nothing of globex's mail: {}", found[0]);
+    assert_eq!(ids(&found[1]), ["globex-1@example.com"], "globex finds its own");
+    let read = |tenant: &str| std::fs::read_to_string(journal.of(tenant)).unwrap();
+    let (acme, globex) = (read("acme"), read("globex"));
+    assert!(acme.contains("acme entry") && !acme.contains("globex entry"), "{acme}");
+    assert!(globex.contains("globex entry") && !globex.contains("acme entry"), "{globex}");
+    runtime.shutdown(std::time::Duration::from_secs(10)).await;
+    let _ = std::fs::remove_dir_all(&dir);
 }

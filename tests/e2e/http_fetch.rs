@@ -75,6 +75,8 @@ fn allowing_loopback() -> HttpFetchConfig {
 fn context() -> ToolContext {
     ToolContext {
         run_id: RunId::new(),
+        tenant: "default".into(),
+        agent: "default".into(),
         turn: 1,
         call_id: "call".into(),
         idempotency_key: "run:1:0".into(),

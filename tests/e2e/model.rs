@@ -276,6 +276,10 @@ async fn non_streaming_mode_reads_one_json_body() {
 
 /// A runtime whose default model is `model`, with the echo tool.
 async fn runtime(model: Arc<dyn ModelClient>) -> Runtime {
+    runtime_with(RuntimeConfig::default(), model).await
+}
+
+async fn runtime_with(config: RuntimeConfig, model: Arc<dyn ModelClient>) -> Runtime {
     let deps = Deps {
         store: Arc::new(MemoryStore::new()),
         models: ModelRegistry::new(model),
@@ -283,7 +287,7 @@ async fn runtime(model: Arc<dyn ModelClient>) -> Runtime {
         hooks: Vec::new(),
         agents: vec![AgentConfig::new("default", "Use tools when useful.", vec!["echo".into()])],
     };
-    Runtime::start(RuntimeConfig::default(), deps).await.unwrap()
+    Runtime::start(config, deps).await.unwrap()
 }
 
 async fn run(runtime: &Runtime, input: &str) -> (troupe_actors::store::RunRecord, Vec<Arc<RunEvent>>) {
@@ -338,10 +342,14 @@ async fn exhausted_retries_fail_the_run_with_a_clear_reason_and_no_secret() {
     let failing =
         FakeReply::Status { status: 503, retry_after: None, body: "{\"error\": \"overloaded, key {auth}\"}".into() };
     let server = FakeOpenAi::start(Vec::new(), Some(failing)).await.unwrap();
-    let runtime = runtime(Arc::new(model_with(&server, |_| {}))).await;
+    // The run waits the outage out once (a pause of 2 s), then its wait is spent.
+    let config = RuntimeConfig { model_outage_wait: Duration::from_secs(3), ..RuntimeConfig::default() };
+    let runtime = runtime_with(config, Arc::new(model_with(&server, |_| {}))).await;
     let (record, events) = run(&runtime, "anything").await;
 
     assert_eq!(record.status, RunStatus::Failed);
+    let retries = events.iter().filter(|event| matches!(event.kind, EventKind::ModelRetry { .. })).count();
+    assert_eq!(retries, 1, "the run asked again once before failing");
     let reason = record.reason.unwrap();
     assert!(reason.starts_with("model error: model returned status 503"), "{reason}");
     assert!(!reason.contains(CANARY), "the echoed key is scrubbed: {reason}");

@@ -40,7 +40,8 @@ async fn start(model: ScriptedModel, runtime_config: RuntimeConfig, server_confi
     let auth = Auth::new(&AuthConfig::default(), Some(&format!("alpha={ALPHA},beta={BETA}"))).unwrap();
     let shutdown = CancellationToken::new();
     let timeouts = server_config.connection_timeouts().unwrap();
-    let state = AppState::new(runtime, auth, server_config, None, shutdown.clone()).unwrap();
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder().handle();
+    let state = AppState::new(runtime, auth, server_config, Some(prometheus), shutdown.clone()).unwrap();
     let (listener, address) = server::bind("127.0.0.1:0").await.unwrap();
     let served = tokio::spawn(server::serve(
         listener,
@@ -146,6 +147,40 @@ impl EventStream {
         }
         frames
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_with_a_token_set_answer_only_its_bearer() {
+    let open = TestServer::default().await;
+    assert_eq!(open.send(reqwest::Method::GET, "/metrics", None, None).await.status, StatusCode::OK, "open by default");
+
+    let config =
+        ServerConfig { metrics_token_sha256: Some(server::hash_token("scrape-me")), ..ServerConfig::default() };
+    let guarded = start(echo_then_answer(), RuntimeConfig::default(), config).await;
+    for token in [None, Some("wrong"), Some(ALPHA)] {
+        let answer = guarded.send(reqwest::Method::GET, "/metrics", token, None).await;
+        assert_eq!((answer.status, answer.code()), (StatusCode::UNAUTHORIZED, "unauthorized"), "token {token:?}");
+    }
+    let answer = guarded.send(reqwest::Method::GET, "/metrics", Some("scrape-me"), None).await;
+    assert_eq!(answer.status, StatusCode::OK);
+
+    let bad = ServerConfig { metrics_token_sha256: Some("abc".into()), ..ServerConfig::default() };
+    let runtime = Arc::new(
+        Runtime::start(
+            RuntimeConfig::default(),
+            Deps {
+                store: Arc::new(MemoryStore::new()),
+                models: ModelRegistry::new(Arc::new(echo_then_answer())),
+                tools: ToolRegistry::new(),
+                hooks: Vec::new(),
+                agents: Vec::new(),
+            },
+        )
+        .await
+        .unwrap(),
+    );
+    let refused = AppState::new(runtime, Auth::open(), bad, None, CancellationToken::new()).err().unwrap();
+    assert!(refused.to_string().contains("metrics_token_sha256 must be 64 hex digits"), "{refused}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -71,6 +71,7 @@ pub(crate) fn event(run_id: RunId, seq: u64, kind: EventKind) -> RunEvent {
 fn execution(run_id: RunId, call_id: &str, status: CallStatus) -> ToolExecutionRecord {
     ToolExecutionRecord {
         run: run_id,
+        original_args: None,
         turn: 1,
         call_id: call_id.into(),
         tool: "echo".into(),

@@ -58,6 +58,10 @@ pub enum AfterCall {
 pub struct HookContext<'a> {
     /// The run.
     pub run_id: RunId,
+    /// The run's tenant.
+    pub tenant: &'a str,
+    /// The run's agent.
+    pub agent: &'a str,
     /// The turn.
     pub turn: u32,
     /// The tool, if the name is known.
@@ -198,7 +202,7 @@ impl RunLedger {
             record.turn,
             &record.tool,
             &record.call_id,
-            &record.args,
+            record.original_args.as_ref().unwrap_or(&record.args),
             record.status,
             record.error.as_deref(),
             config,

@@ -32,7 +32,7 @@ fn bare_chain(hooks: Vec<Arc<dyn ToolHook>>) -> HookChain {
 }
 
 fn context<'a>(ledger: &'a RunLedger, config: &'a HookConfig) -> HookContext<'a> {
-    HookContext { run_id: RunId::new(), turn: 1, tool: None, ledger, config }
+    HookContext { run_id: RunId::new(), tenant: "default", agent: "default", turn: 1, tool: None, ledger, config }
 }
 
 #[tokio::test]

@@ -198,6 +198,21 @@ pub enum EventKind {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reason: Option<String>,
     },
+    /// The model provider failed in a way that may pass (overloaded, unreachable):
+    /// the run waits and asks again; it fails only once `runtime.model_outage_wait`
+    /// is spent.
+    ModelRetry {
+        /// The turn whose model call failed.
+        turn: u32,
+        /// Failures in a row so far.
+        attempt: u32,
+        /// The failure's stable code (`model_status`, `model_transport`, …).
+        code: String,
+        /// Detail.
+        message: String,
+        /// Milliseconds until the next try.
+        retry_in_ms: u64,
+    },
     /// Something went wrong that the client should see.
     Error {
         /// Stable code.
@@ -231,6 +246,7 @@ impl EventKind {
             Self::RunEnd { .. } => "run_end",
             Self::ApprovalRequested { .. } => "approval_requested",
             Self::ApprovalDecided { .. } => "approval_decided",
+            Self::ModelRetry { .. } => "model_retry",
             Self::Error { .. } => "error",
         }
     }

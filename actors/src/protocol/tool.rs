@@ -172,8 +172,12 @@ pub struct ToolExecutionRecord {
     pub call_id: String,
     /// The tool's name as the model gave it.
     pub tool: String,
-    /// The arguments as executed (after rewrites).
+    /// The arguments as executed, after the hooks' rewrites (in a `started`
+    /// record, written before the hooks run: as the model gave them).
     pub args: Value,
+    /// The arguments as the model gave them, when a hook rewrote them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub original_args: Option<Value>,
     /// When the call was started (or skipped).
     #[serde(serialize_with = "crate::rfc3339::serialize")]
     pub started_at: DateTime<Utc>,

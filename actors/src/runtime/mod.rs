@@ -15,7 +15,7 @@ mod request;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use futures::StreamExt;
@@ -383,12 +383,23 @@ impl Runtime {
         self.shared.store.clone()
     }
 
-    /// Stops every actor within `deadline`. Runs keep their last commit and resume
-    /// on the next start.
+    /// Stops every actor within `deadline`. First each run lets its tool calls in
+    /// flight end and commits their outcomes (it starts nothing new); then the
+    /// actors stop. Runs keep their last commit and resume on the next start; only a
+    /// call still running at the deadline is cut off (and resumed as interrupted).
     pub async fn shutdown(&self, deadline: Duration) {
+        let started = Instant::now();
+        self.shared.handles.begin_shutdown();
         // Queued runs stay `queued` in the store and queue again on the next start.
         self.dispatcher.abort();
-        if self.supervisor.stop_and_wait(Some("shutdown".to_owned()), Some(deadline)).await.is_err() {
+        if let Ok(sessions) = ractor::call!(self.supervisor, |reply| SupervisorMsg::Drain { reply }) {
+            let drained = futures::future::join_all(sessions.iter().map(|session| session.wait(None)));
+            if tokio::time::timeout(deadline, drained).await.is_err() {
+                warn!("tool calls were still running at the shutdown deadline; they are cut off");
+            }
+        }
+        let rest = deadline.saturating_sub(started.elapsed()).max(Duration::from_secs(1));
+        if self.supervisor.stop_and_wait(Some("shutdown".to_owned()), Some(rest)).await.is_err() {
             warn!("actors did not stop in time; killing them");
             self.supervisor.kill();
         }

@@ -53,7 +53,7 @@ use tracing::{Instrument, info_span, warn};
 use crate::llm::{ModelError, ModelReply};
 use crate::protocol::{EventKind, Review, RunId, RunStatus, ToolCall, Usage};
 use crate::run_input::{InputError, RunInput};
-use crate::session::state::Phase;
+use crate::session::state::{Live, Phase};
 use crate::shared::RuntimeShared;
 use crate::store::{RunSnapshot, StoreWrite};
 use crate::tool_pool::ToolResult;
@@ -114,11 +114,21 @@ pub enum SessionMsg {
         /// Accepted, or why not.
         reply: RpcReplyPort<Result<(), InputError>>,
     },
+    /// Ask the model again for `turn`, after a pause that followed a provider
+    /// failure (sent to itself).
+    RetryModel {
+        /// The turn.
+        turn: u32,
+    },
     /// Stop the run now.
     Cancel {
         /// Called once the cancel is committed.
         reply: RpcReplyPort<()>,
     },
+    /// The runtime is shutting down: start nothing new (a model call in progress
+    /// is dropped), let the tool calls in flight end, commit their outcomes, stop.
+    /// The run resumes from that commit on the next start.
+    Drain,
 }
 
 /// A session; read-only.
@@ -212,8 +222,14 @@ impl Session {
         }
         let Some(live) = state.live.as_mut() else {
             // Only `Load` can come first: it was cast in `pre_start`.
+            if let SessionMsg::Drain = message {
+                myself.stop(Some("shutdown".to_owned()));
+            }
             return Ok(());
         };
+        if live.draining || matches!(message, SessionMsg::Drain) {
+            return self.while_draining(&myself, live, message).await;
+        }
         if matches!(live.phase, Phase::Finished) {
             match message {
                 SessionMsg::Cancel { reply } => drop(reply.send(())),
@@ -246,6 +262,60 @@ impl Session {
                 let _ = reply.send(());
                 Ok(())
             }
+            SessionMsg::RetryModel { turn } => {
+                self.on_retry_model(&myself, live, turn);
+                Ok(())
+            }
+            SessionMsg::Drain => Ok(()),
         }
+    }
+
+    /// A message while the runtime shuts down: tool results are booked, input is
+    /// refused, anything that would start new work waits for the next start (it is
+    /// derived again from what is committed). Once no call is in flight, what the
+    /// session holds is committed and it stops.
+    async fn while_draining(
+        &self,
+        myself: &ActorRef<SessionMsg>,
+        live: &mut Live,
+        message: SessionMsg,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            SessionMsg::Drain => {
+                live.draining = true;
+                // The model call is dropped: the turn asks again on the next start.
+                live.model_task = None;
+            }
+            SessionMsg::ToolDone(result) => self.book_draining(live, vec![*result]),
+            SessionMsg::ToolResults(inbox) => self.book_draining(live, inbox.take()),
+            SessionMsg::SubRunSpent { usage } => {
+                live.run.usage.add(&usage);
+                live.outbox.write(StoreWrite::Progress { turn: live.run.turn, usage: live.run.usage });
+            }
+            SessionMsg::Input { reply, .. } => drop(reply.send(Err(InputError::Unavailable))),
+            SessionMsg::Cancel { reply } => {
+                self.finish(myself, live, RunStatus::Cancelled, Some("cancelled by the client".to_owned()), None)
+                    .await?;
+                let _ = reply.send(());
+                return Ok(());
+            }
+            _ => {}
+        }
+        // Sub-runs drain on their own and resume with their caller: only the pool's
+        // calls are waited for.
+        let in_flight = match &live.phase {
+            Phase::Tools(tools) | Phase::WaitingInput(tools) => {
+                let sub_runs = (0..tools.next.min(tools.calls.len()))
+                    .filter(|&index| tools.results[index].is_none() && tools.calls[index].name == "run_agent")
+                    .count();
+                tools.in_flight.saturating_sub(sub_runs)
+            }
+            _ => 0,
+        };
+        if in_flight == 0 && !matches!(live.phase, Phase::Finished) {
+            live.outbox.flush(&self.shared).await?;
+            myself.stop(Some("shutdown".to_owned()));
+        }
+        Ok(())
     }
 }

@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use futures::StreamExt;
 use ractor::{ActorProcessingErr, ActorRef};
+use tracing::warn;
 
 use crate::llm::{Message, ModelChunk, ModelClient, ModelDelta, ModelError, ModelReply, Role, ToolChoice};
 use crate::metrics;
@@ -40,6 +41,29 @@ impl Session {
         live.outbox.flush(&self.shared).await?;
         self.call_model(myself, live, turn);
         Ok(())
+    }
+
+    /// The pause before asking the model again after `error`, if the run should
+    /// wait the failure out: it may pass, and `model_outage_wait` is not spent.
+    /// Counts the failure.
+    fn outage_retry(&self, live: &mut Live, error: &crate::llm::ModelError) -> Option<std::time::Duration> {
+        let limit = self.shared.config.model_outage_wait;
+        if !error.is_transient() || limit.is_zero() {
+            return None;
+        }
+        let now = tokio::time::Instant::now();
+        let (since, attempts) = live.outage.get_or_insert((now, 0));
+        *attempts += 1;
+        let delay = std::time::Duration::from_secs((1u64 << (*attempts).min(6)).min(60));
+        (now.duration_since(*since) + delay <= limit).then_some(delay)
+    }
+
+    /// The pause after a provider failure is over: ask the model again, unless the
+    /// run moved on meanwhile.
+    pub(super) fn on_retry_model(&self, myself: &ActorRef<SessionMsg>, live: &mut Live, turn: u32) {
+        if matches!(live.phase, Phase::Model { turn: current, .. } if current == turn) && live.model_task.is_none() {
+            self.call_model(myself, live, turn);
+        }
     }
 
     /// Offloads the model call of `turn`; its deltas and reply come back as messages.
@@ -132,10 +156,27 @@ impl Session {
             Ok(reply) => reply,
             Err(error) => {
                 metrics::model_request(&model_name, "error", elapsed);
+                if let Some(delay) = self.outage_retry(live, &error) {
+                    let attempt = live.outage.map_or(0, |(_, attempts)| attempts);
+                    warn!(run_id = %live.run.run_id, turn, attempt, code = error.code(), %error, retry_in = ?delay,
+                        "the model provider failed; the turn asks again later");
+                    live.outbox.emit(EventKind::ModelRetry {
+                        turn,
+                        attempt,
+                        code: error.code().to_owned(),
+                        message: error.to_string(),
+                        retry_in_ms: u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+                    });
+                    live.outbox.flush(&self.shared).await?;
+                    myself.send_after(delay, move || SessionMsg::RetryModel { turn });
+                    return Ok(());
+                }
+                warn!(run_id = %live.run.run_id, turn, code = error.code(), %error, "the model call failed; the run fails");
                 live.outbox.emit(EventKind::Error { code: error.code().to_owned(), message: error.to_string() });
                 return self.finish(myself, live, RunStatus::Failed, Some(format!("model error: {error}")), None).await;
             }
         };
+        live.outage = None;
         metrics::model_request(&model_name, "ok", elapsed);
         let usage = reply.usage;
         metrics::model_usage(&model_name, usage.input_tokens, usage.output_tokens, usage.cost_usd);

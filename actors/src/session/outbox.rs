@@ -60,6 +60,7 @@ impl Outbox {
 pub(super) fn started_record(work: &WorkItem) -> ToolExecutionRecord {
     ToolExecutionRecord {
         run: work.run_id,
+        original_args: None,
         turn: work.turn,
         call_id: work.call.call_id.clone(),
         tool: work.call.name.clone(),

@@ -68,6 +68,21 @@ impl Session {
         self.advance_tools(myself, live).await
     }
 
+    /// Books the results of calls that ended while the runtime shuts down, and
+    /// nothing more: the turn goes on after the next start.
+    pub(super) fn book_draining(&self, live: &mut Live, results: Vec<ToolResult>) {
+        for result in results {
+            let (Phase::Tools(tools) | Phase::WaitingInput(tools)) = &mut live.phase else {
+                return;
+            };
+            if tools.turn != result.turn || tools.results.get(result.index).is_none_or(Option::is_some) {
+                continue;
+            }
+            tools.in_flight = tools.in_flight.saturating_sub(1);
+            self.record_result(live, result);
+        }
+    }
+
     /// Books a finished call: its events, record, message and documents.
     pub(super) fn record_result(&self, live: &mut Live, result: ToolResult) {
         let ToolResult { turn, index, call, outcome, record, newly_blocked, new_documents, summary } = result;
@@ -136,6 +151,7 @@ impl Session {
         };
         let record = ToolExecutionRecord {
             run: live.run.run_id,
+            original_args: None,
             turn,
             call_id: call.call_id.clone(),
             tool: call.name.clone(),

@@ -25,7 +25,6 @@ use crate::session::review::Verdict;
 use crate::session::state::{Live, Phase, SessionState, ToolTurn, tools_mut};
 use crate::session::{Session, SessionMsg, prompt};
 use crate::store::{RunSnapshot, StoredMessage};
-use crate::tool_pool::WorkItem;
 
 impl Session {
     /// Loads the run and takes its next step.
@@ -104,6 +103,8 @@ impl Session {
             labels,
             depth,
             turn_clock: Instant::now(),
+            draining: false,
+            outage: None,
         });
         if known_agent.is_none() || model.is_none() {
             let reason = format!("agent {} or its model is not configured", live.run.agent);
@@ -214,14 +215,7 @@ impl Session {
             let Some(call) = tools_mut(live).map(|tools| tools.calls[index].clone()) else {
                 break;
             };
-            let work = WorkItem {
-                run_id: live.run.run_id,
-                turn,
-                index,
-                call,
-                ledger: live.ledger.clone(),
-                cancel: live.cancel.clone(),
-            };
+            let work = live.work(turn, index, call, live.cancel.clone());
             warn!(run_id = %work.run_id, tool = %work.call.name, "side-effecting call was cut off by a crash; reporting it interrupted");
             let result = crate::tool_pool::finish(
                 &self.shared.pool,

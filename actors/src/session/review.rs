@@ -11,13 +11,12 @@ use crate::builtin::BuiltinTool;
 use crate::config::ReviewerKind;
 use crate::metrics;
 use crate::protocol::{CallStatus, EventKind, Recommendation, Review, RunStatus};
-use crate::reviewer::{ReviewInput, ReviewReply, ReviewerMsg};
+use crate::reviewer::{CallSummary, ReviewInput, ReviewReply, ReviewerMsg};
 use crate::session::outbox::started_record;
 use crate::session::prompt::{self, resolve_citations};
 use crate::session::state::{Live, Phase};
 use crate::session::{Session, SessionMsg};
 use crate::store::StoreWrite;
-use crate::tool_pool::WorkItem;
 
 /// A reviewed turn, what the next step is decided from.
 pub(super) struct Verdict {
@@ -61,6 +60,7 @@ impl Session {
             blocked_tools: live.ledger.blocked_tools(turn + 1),
             synthesis,
             ungrounded: live.agent.grounded && !live.ledger.any_success(&live.agent.tools),
+            ended: None,
         });
         live.phase = Phase::Review { turn, final_answer, synthesis };
         let session = myself.clone();
@@ -97,26 +97,17 @@ impl Session {
             live.phase = Phase::Review { turn: current, final_answer, synthesis };
             return Ok(());
         }
-        metrics::review(
-            review.recommendation.as_str(),
-            review.status == crate::protocol::ReviewStatus::Degraded,
-            review.quality_score,
-            review.completeness,
-            review.relevance,
-        );
         if let (Recommendation::Replan, Some(items)) = (review.recommendation, review.updated_plan.clone()) {
             self.replan(myself, live, items).await?;
         }
-        live.outbox.emit(EventKind::Review { turn, review: Box::new(review.clone()) });
-        live.outbox.write(StoreWrite::Review { turn, review: review.clone() });
+        book_review(live, turn, &review);
         // A review that asks for nothing is not shown to the model: "go on" is what
         // the model does anyway, and a small model takes any text it reads last
         // for the request, or copies it.
         if review.recommendation != Recommendation::Proceed {
             live.append_message(turn, prompt::review_message(turn, &review));
         }
-        live.outbox.emit(EventKind::TurnEnd { turn });
-        metrics::turn_finished(live.turn_clock.elapsed());
+        end_turn(live, turn);
         let verdict = Verdict { turn, final_answer, synthesis, recommendation: review.recommendation };
         self.next_step(myself, live, verdict).await
     }
@@ -166,6 +157,11 @@ impl Session {
     ) -> Result<(), ActorProcessingErr> {
         live.model_task = None;
         live.cancel.cancel();
+        let cut_short = match &live.phase {
+            Phase::Model { turn, .. } => Some(*turn),
+            Phase::Tools(tools) | Phase::WaitingInput(tools) => Some(tools.turn),
+            _ => None,
+        };
         if let Phase::Tools(tools) | Phase::WaitingInput(tools) = &live.phase {
             // Calls still running are cut off by the cancel; record them as interrupted.
             for index in 0..tools.next.min(tools.calls.len()) {
@@ -173,19 +169,17 @@ impl Session {
                 // Calls the session answers itself leave no `started` record.
                 let answered_here = BuiltinTool::from_name(&call.name).is_some_and(|tool| !tool.opt_in());
                 if tools.results[index].is_none() && !answered_here {
-                    let mut record = started_record(&WorkItem {
-                        run_id: live.run.run_id,
-                        turn: tools.turn,
-                        index,
-                        call: call.clone(),
-                        ledger: live.ledger.clone(),
-                        cancel: live.cancel.clone(),
-                    });
+                    let mut record = started_record(&live.work(tools.turn, index, call.clone(), live.cancel.clone()));
                     record.status = CallStatus::Interrupted;
                     record.error = Some("interrupted".to_owned());
                     live.outbox.writes.push(StoreWrite::ToolExecution(record));
                 }
             }
+        }
+        // A turn cut short (a model error, a cancel) is reviewed too, before the run ends.
+        if let Some(turn) = cut_short {
+            let why = reason.clone().unwrap_or_else(|| status.as_str().to_owned());
+            self.review_cut_short(live, turn, why).await;
         }
         if let Some(text) = answer {
             let citations = resolve_citations(&text, &live.ledger.documents());
@@ -204,6 +198,79 @@ impl Session {
         myself.stop(None);
         Ok(())
     }
+}
+
+impl Session {
+    /// Reviews `turn`, which the run ends with before it finished: the reviewer
+    /// judges it by the rules, at once (a reviewer that does not answer within
+    /// [`CUT_SHORT_REVIEW_WAIT`] is replaced by the rules here).
+    async fn review_cut_short(&self, live: &mut Live, turn: u32, why: String) {
+        let calls = match &live.phase {
+            Phase::Tools(tools) | Phase::WaitingInput(tools) => (0..tools.next.min(tools.calls.len()))
+                .map(|index| {
+                    tools.results[index].clone().unwrap_or_else(|| CallSummary {
+                        tool: tools.calls[index].name.clone(),
+                        status: "interrupted",
+                        skip: None,
+                    })
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        let input = Arc::new(ReviewInput {
+            turn,
+            request: live.run.input.clone(),
+            plan: live.plan.clone(),
+            calls,
+            final_answer: None,
+            blocked_tools: live.ledger.blocked_tools(turn + 1),
+            synthesis: false,
+            ungrounded: live.agent.grounded && !live.ledger.any_success(&live.agent.tools),
+            ended: Some(why),
+        });
+        let (send, receive) = tokio::sync::oneshot::channel();
+        let reply = ReviewReply::new(input.clone(), move |review| {
+            let _ = send.send(review);
+        });
+        let message = ReviewerMsg::Review {
+            kind: live.agent.reviewer.clone(),
+            agent_model: live.agent.model.clone(),
+            input: input.clone(),
+            reply,
+        };
+        // An unreachable reviewer drops the message, whose reply then sends the rules' review.
+        if let Some(reviewer) = self.shared.handles.reviewer() {
+            let _ = reviewer.cast(message);
+        }
+        let review = match tokio::time::timeout(CUT_SHORT_REVIEW_WAIT, receive).await {
+            Ok(Ok(review)) => review,
+            _ => crate::reviewer::degraded(&input, "the reviewer did not answer"),
+        };
+        book_review(live, turn, &review);
+        end_turn(live, turn);
+    }
+}
+
+/// How long the review of a turn cut short may take (it is the rules': microseconds).
+const CUT_SHORT_REVIEW_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Records `review` of `turn`: metrics, the event, the store.
+fn book_review(live: &mut Live, turn: u32, review: &Review) {
+    metrics::review(
+        review.recommendation.as_str(),
+        review.status == crate::protocol::ReviewStatus::Degraded,
+        review.quality_score,
+        review.completeness,
+        review.relevance,
+    );
+    live.outbox.emit(EventKind::Review { turn, review: Box::new(review.clone()) });
+    live.outbox.write(StoreWrite::Review { turn, review: review.clone() });
+}
+
+/// `turn_end` of `turn`.
+fn end_turn(live: &mut Live, turn: u32) {
+    live.outbox.emit(EventKind::TurnEnd { turn });
+    metrics::turn_finished(live.turn_clock.elapsed());
 }
 
 /// Whether the run's review is the rule-based one: the reviewer computes it in

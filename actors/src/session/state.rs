@@ -18,7 +18,7 @@ use crate::protocol::{Plan, RunId, ToolCall};
 use crate::reviewer::CallSummary;
 use crate::session::outbox::Outbox;
 use crate::store::{RunRecord, RunSnapshot, StoreWrite, StoredMessage};
-use crate::tool_pool::ToolResult;
+use crate::tool_pool::{ToolResult, WorkItem};
 
 /// A session's state. `live` is `None` until the run is loaded from the store.
 pub struct SessionState {
@@ -59,6 +59,10 @@ pub(super) struct Live {
     /// How deep this run is among sub-runs (0: started by a client).
     pub(super) depth: u32,
     pub(super) turn_clock: Instant,
+    /// The runtime shuts down: nothing new starts (see `SessionMsg::Drain`).
+    pub(super) draining: bool,
+    /// Since when the model provider has failed in a row, and how many times.
+    pub(super) outage: Option<(tokio::time::Instant, u32)>,
 }
 
 impl Live {
@@ -66,6 +70,20 @@ impl Live {
     pub(super) fn append_message(&mut self, turn: u32, message: Message) {
         self.outbox.write(StoreWrite::Message(StoredMessage { turn, message: message.clone() }));
         self.conversation.push(message);
+    }
+
+    /// The work item of `call`, call `index` of `turn`, for the run's tenant and agent.
+    pub(super) fn work(&self, turn: u32, index: usize, call: ToolCall, cancel: CancellationToken) -> WorkItem {
+        WorkItem {
+            run_id: self.run.run_id,
+            tenant: self.run.tenant.clone(),
+            agent: self.agent.name.clone(),
+            turn,
+            index,
+            call,
+            ledger: self.ledger.clone(),
+            cancel,
+        }
     }
 }
 

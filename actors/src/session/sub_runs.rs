@@ -240,7 +240,7 @@ impl Watcher {
         if !ended {
             // A runtime shutting down stops every session: the sub-run resumes with
             // the next start, like its caller. Otherwise the caller ended.
-            if ractor::ACTIVE_STATES.contains(&self.supervisor.get_status()) {
+            if self.running() {
                 self.cancel_child().await;
             }
             return;
@@ -290,11 +290,16 @@ impl Watcher {
                 Ok(_) => return true,
                 Err(error) => warn!(run_id = %self.child, %error, "cannot read a sub-run; trying again"),
             }
-            if !ractor::ACTIVE_STATES.contains(&self.supervisor.get_status()) {
+            if !self.running() {
                 return false;
             }
             tokio::time::sleep(std::time::Duration::from_millis(200)).await;
         }
+    }
+
+    /// Whether the runtime runs on (it is not shutting down).
+    fn running(&self) -> bool {
+        !self.shared.handles.shutting_down() && ractor::ACTIVE_STATES.contains(&self.supervisor.get_status())
     }
 
     /// Cancels a sub-run whose caller is gone.

@@ -258,14 +258,7 @@ impl Session {
             Phase::Tools(tools) | Phase::WaitingInput(tools) => (tools.turn, tools.calls[index].clone()),
             _ => (live.run.turn, ToolCall { call_id: String::new(), name: String::new(), args: Value::Null }),
         };
-        WorkItem {
-            run_id: live.run.run_id,
-            turn,
-            index,
-            call,
-            ledger: live.ledger.clone(),
-            cancel: live.cancel.child_token(),
-        }
+        live.work(turn, index, call, live.cancel.child_token())
     }
 
     /// Whether the call names a tool this agent may not use (one it was not

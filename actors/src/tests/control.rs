@@ -49,6 +49,7 @@ async fn cancel_stops_a_run_waiting_on_the_model() {
     let (record, all) = harness.finish(run_id).await;
     assert_eq!(record.status, RunStatus::Cancelled);
     assert!(matches!(all.last().map(|e| &e.kind), Some(EventKind::RunEnd { status: RunStatus::Cancelled, .. })));
+    assert!(all.iter().any(|e| matches!(&e.kind, EventKind::Review { turn: 1, .. })), "the cut turn is reviewed");
     assert_eq!(harness.runtime.cancel(run_id).await, Err(CancelError::AlreadyEnded(RunStatus::Cancelled)));
 }
 
@@ -65,6 +66,11 @@ async fn cancel_interrupts_a_running_tool() {
     assert_eq!(record.status, RunStatus::Cancelled);
     let snapshot = harness.runtime.store().load(run_id).await.unwrap().unwrap();
     assert_eq!(snapshot.tool_executions[0].status, CallStatus::Interrupted);
+    // The cancelled turn is reviewed: its call counts as interrupted.
+    let (turn, review) = snapshot.reviews.last().cloned().expect("a review of the cancelled turn");
+    assert_eq!(turn, 1);
+    assert!(review.gaps.iter().any(|gap| gap.contains("cancelled by the client")), "{review:?}");
+    assert!(review.quality_score < 1.0, "the interrupted call lowers its quality: {review:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -217,4 +223,79 @@ async fn a_run_parked_on_a_question_frees_its_slot_until_it_is_answered() {
     wait_for(&mut events, |kind| matches!(kind, EventKind::InputReceived { .. })).await;
     assert_ne!(harness.runtime.get(other).await.unwrap().unwrap().status, RunStatus::Queued);
     assert_eq!(harness.runtime.queued_runs(), 0);
+}
+
+/// `held`: a side-effecting call that counts itself done only once the test
+/// releases it.
+#[derive(Clone)]
+struct HeldTool {
+    release: std::sync::Arc<tokio::sync::Semaphore>,
+    done: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Default for HeldTool {
+    fn default() -> Self {
+        Self { release: std::sync::Arc::new(tokio::sync::Semaphore::new(0)), done: Default::default() }
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::tool::Tool for HeldTool {
+    fn name(&self) -> &str {
+        "held"
+    }
+    fn description(&self) -> &str {
+        "Does something outside the run, slowly."
+    }
+    fn parameters(&self) -> serde_json::Value {
+        json!({"type": "object", "properties": {}})
+    }
+    async fn call(
+        &self,
+        _context: crate::tool::ToolContext,
+        _args: serde_json::Value,
+    ) -> Result<crate::tool::ToolOutput, crate::tool::ToolError> {
+        let _permit = self.release.acquire().await.map_err(|_| crate::tool::ToolError::failed("closed", "closed"))?;
+        self.done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(crate::tool::ToolOutput::value(json!("done")))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_shutdown_lets_calls_in_flight_finish_and_records_them_completed() {
+    let held = HeldTool::default();
+    let store: std::sync::Arc<dyn crate::store::RunStore> = std::sync::Arc::new(crate::store::MemoryStore::new());
+    let mut setup = Setup::new(ScriptedModel::per_turn(vec![calls(&[("held", json!({}))]), text("done")]));
+    setup.extra_tools = vec![std::sync::Arc::new(held.clone())];
+    setup.store = store.clone();
+    let harness = setup.start().await;
+    let mut runs = Vec::new();
+    for index in 0..3 {
+        let run_id = harness.submit(&format!("job {index}")).await;
+        let mut events = harness.runtime.subscribe(run_id, 0);
+        wait_for(&mut events, |kind| matches!(kind, EventKind::ToolCallStart { .. })).await;
+        runs.push(run_id);
+    }
+
+    let runtime = std::sync::Arc::new(harness.runtime);
+    let stopping = tokio::spawn({
+        let runtime = runtime.clone();
+        async move { runtime.shutdown(Duration::from_secs(30)).await }
+    });
+    // Draining sessions refuse input: the shutdown has begun, with the calls still held.
+    eventually(Duration::from_secs(10), "the sessions never drained", || async {
+        runtime.input(runs[2], "x").await == Err(InputError::Unavailable)
+    })
+    .await;
+    assert_eq!(held.done.load(std::sync::atomic::Ordering::SeqCst), 0);
+    held.release.add_permits(3);
+    stopping.await.unwrap();
+
+    assert_eq!(held.done.load(std::sync::atomic::Ordering::SeqCst), 3);
+    for run_id in runs {
+        let snapshot = store.load(run_id).await.unwrap().unwrap();
+        let statuses: Vec<CallStatus> = snapshot.tool_executions.iter().map(|record| record.status).collect();
+        assert_eq!(statuses, [CallStatus::Completed], "the call that ran is recorded as it ended");
+        assert!(!snapshot.run.status.is_terminal(), "the run resumes on the next start");
+    }
 }

@@ -250,6 +250,18 @@ async fn a_model_error_fails_the_run_with_a_typed_error_event() {
     assert_eq!(record.status, RunStatus::Failed);
     assert_eq!(record.reason.as_deref(), Some("model error: model returned status 401: bad key"));
     assert!(events.iter().any(|e| matches!(&e.kind, EventKind::Error { code, .. } if code == "model_status")));
+    // The turn the error cut short is reviewed, saying why, and ends before the run.
+    let kinds: Vec<&EventKind> = events.iter().map(|e| &e.kind).collect();
+    let review = kinds.iter().position(|k| {
+        matches!(k, EventKind::Review { turn: 1, review }
+        if review.gaps.iter().any(|gap| gap.contains("model returned status 401")))
+    });
+    let turn_end = kinds.iter().position(|k| matches!(k, EventKind::TurnEnd { turn: 1 }));
+    let run_end = kinds.iter().position(|k| matches!(k, EventKind::RunEnd { .. }));
+    assert!(review < turn_end && turn_end < run_end && review.is_some(), "{kinds:#?}");
+    let snapshot = harness.runtime.store().load(record.run_id).await.unwrap().unwrap();
+    assert_eq!(snapshot.reviews.len(), 1, "the review is stored");
+    assert!(!events.iter().any(|e| matches!(e.kind, EventKind::ModelRetry { .. })), "a refusal is not retried");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -584,4 +596,48 @@ async fn deltas_that_stream_in_during_a_commit_are_committed_together() {
         })
         .collect();
     assert_eq!(streamed, ["Hel", "lo, world"]);
+}
+
+fn overloaded() -> crate::testing::Step {
+    crate::testing::Step::Fail(crate::llm::ModelError::Status { status: 503, message: "overloaded".into() })
+}
+
+/// (attempt, pause in ms) of each `model_retry` event.
+fn model_retries(events: &[Arc<crate::protocol::RunEvent>]) -> Vec<(u32, u64)> {
+    events
+        .iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::ModelRetry { attempt, retry_in_ms, code, .. } => {
+                assert_eq!(code, "model_status");
+                Some((*attempt, *retry_in_ms))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_provider_outage_is_waited_out_and_the_run_goes_on() {
+    let model = ScriptedModel::queue(vec![overloaded(), overloaded(), text("All done.")]);
+    let harness = Setup::new(model).start().await;
+    let (record, events) = harness.run("anything").await;
+
+    assert_eq!(record.status, RunStatus::Succeeded);
+    assert_eq!(record.final_output.as_deref(), Some("All done."));
+    assert_eq!(model_retries(&events), [(1, 2_000), (2, 4_000)], "growing pauses, each announced");
+    assert!(!events.iter().any(|e| matches!(e.kind, EventKind::Error { .. })), "no error reaches the client");
+    assert_eq!(harness.requests().len(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_provider_outage_longer_than_the_wait_fails_the_run() {
+    let mut setup = Setup::new(ScriptedModel::queue(vec![overloaded(), overloaded(), text("too late")]));
+    setup.config.model_outage_wait = std::time::Duration::from_secs(5);
+    let harness = setup.start().await;
+    let (record, events) = harness.run("anything").await;
+
+    assert_eq!(record.status, RunStatus::Failed);
+    assert_eq!(record.reason.as_deref(), Some("model error: model returned status 503: overloaded"));
+    assert_eq!(model_retries(&events), [(1, 2_000)], "a second pause of 4 s would pass the 5 s wait");
+    assert_eq!(harness.requests().len(), 2);
 }

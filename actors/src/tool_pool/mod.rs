@@ -123,6 +123,8 @@ mod tests {
         });
         let work = WorkItem {
             run_id: RunId::new(),
+            tenant: "default".into(),
+            agent: "default".into(),
             turn: 1,
             index: 0,
             call: ToolCall { call_id: "c".into(), name: "echo".into(), args: serde_json::json!({}) },

@@ -21,6 +21,10 @@ use crate::tool::ToolRegistry;
 pub struct WorkItem {
     /// The run.
     pub run_id: RunId,
+    /// The run's tenant.
+    pub tenant: String,
+    /// The run's agent.
+    pub agent: String,
     /// The turn.
     pub turn: u32,
     /// The call's position in the turn, part of its idempotency key.
@@ -138,6 +142,7 @@ pub fn book(shared: &PoolShared, work: &WorkItem, ending: Ending, summary: Strin
     debug!(run_id = %work.run_id, tool = %call.name, status = status.as_str(), duration_ms, "tool call finished");
     let record = ToolExecutionRecord {
         run: work.run_id,
+        original_args: None,
         turn: work.turn,
         call_id: call.call_id.clone(),
         tool: call.name.clone(),

@@ -63,6 +63,8 @@ pub async fn execute(shared: &PoolShared, work: WorkItem) -> ToolResult {
     let registered = shared.registry.get(&work.call.name);
     let context = HookContext {
         run_id: work.run_id,
+        tenant: &work.tenant,
+        agent: &work.agent,
         turn: work.turn,
         tool: registered.map(Arc::as_ref),
         ledger: &work.ledger,
@@ -72,13 +74,15 @@ pub async fn execute(shared: &PoolShared, work: WorkItem) -> ToolResult {
         // The run was cancelled while this call waited in the queue: it never starts.
         return finish(shared, &work, ToolOutcome::Interrupted, started_at, clock.elapsed(), 0.0);
     }
-    let (outcome, cost_usd) = match (shared.chain.before(&context, &work.call).await, registered) {
-        (HookVerdict::Skip(outcome), _) => (outcome, 0.0),
-        (HookVerdict::Run(_), None) => (ToolOutcome::failed("unknown_tool", "no such tool"), 0.0),
+    let (outcome, cost_usd, executed) = match (shared.chain.before(&context, &work.call).await, registered) {
+        (HookVerdict::Skip(outcome), _) => (outcome, 0.0, None),
+        (HookVerdict::Run(_), None) => (ToolOutcome::failed("unknown_tool", "no such tool"), 0.0, None),
         (HookVerdict::Run(args), Some(registered)) => {
             let tool = &registered.tool;
             let tool_context = ToolContext {
                 run_id: work.run_id,
+                tenant: work.tenant.clone(),
+                agent: work.agent.clone(),
                 turn: work.turn,
                 call_id: work.call.call_id.clone(),
                 idempotency_key: idempotency_key(work.run_id, work.turn, work.index),
@@ -86,7 +90,8 @@ pub async fn execute(shared: &PoolShared, work: WorkItem) -> ToolResult {
             };
             let configured = shared.timeouts.get(tool.name()).copied();
             let limit = configured.or_else(|| tool.timeout()).unwrap_or(shared.default_timeout);
-            tokio::select! {
+            let executed = args.clone();
+            let (outcome, cost_usd) = tokio::select! {
                 biased;
                 _ = work.cancel.cancelled() => (ToolOutcome::Interrupted, 0.0),
                 result = tokio::time::timeout(limit, tool.call(tool_context, args)) => match result {
@@ -94,9 +99,15 @@ pub async fn execute(shared: &PoolShared, work: WorkItem) -> ToolResult {
                     Ok(Err(error)) => (error.into_outcome(), 0.0),
                     Err(_) => (ToolOutcome::failed("timeout", format!("no result after {limit:?}")), 0.0),
                 },
-            }
+            };
+            (outcome, cost_usd, Some(executed))
         }
     };
     let outcome = shared.chain.after(&context, &work.call, outcome).await;
-    finish(shared, &work, outcome, started_at, clock.elapsed(), cost_usd)
+    let mut result = finish(shared, &work, outcome, started_at, clock.elapsed(), cost_usd);
+    // The record keeps what ran, and what the model asked for when a hook changed it.
+    if let Some(executed) = executed.filter(|executed| *executed != result.record.args) {
+        result.record.original_args = Some(std::mem::replace(&mut result.record.args, executed));
+    }
+    result
 }

@@ -18,6 +18,7 @@ fn record(run_id: RunId) -> RunRecord {
 fn call(run_id: RunId, status: CallStatus) -> StoreWrite {
     StoreWrite::ToolExecution(ToolExecutionRecord {
         run: run_id,
+        original_args: None,
         turn: 1,
         call_id: "c".into(),
         tool: "echo".into(),
