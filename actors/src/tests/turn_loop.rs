@@ -239,6 +239,12 @@ async fn seen_documents_are_excluded_from_later_searches_and_cited() {
     let cited: Vec<(usize, &str)> = citations.iter().map(|c| (c.marker, c.fragment.id.as_str())).collect();
     assert_eq!(cited, vec![(2, "a-2"), (1, "a-1")]);
     assert!(offered(&harness.requests()[0]).contains(&"search".to_owned()));
+    // The telemetry keeps the arguments that ran, and the model's beside them.
+    let snapshot = harness.runtime.store().load(record.run_id).await.unwrap().unwrap();
+    let records = &snapshot.tool_executions;
+    assert_eq!((&records[0].args, &records[0].original_args), (&json!({"query": "a"}), &None), "not rewritten");
+    assert_eq!(records[1].args, json!({"query": "a", "excluded_ids": ["a-1", "a-2"]}));
+    assert_eq!(records[1].original_args, Some(json!({"query": "a", "excluded_ids": []})));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
