@@ -94,7 +94,7 @@ impl View {
                 self.mid_line = true;
                 write!(out, "{text}")?;
             }
-            EventKind::WaitingInput { prompt } => {
+            EventKind::WaitingInput { prompt, .. } => {
                 self.lines(out, &format!("  ? {prompt}\n  (answer with: troupe runs input {} \"…\")", event.run_id))?;
             }
             EventKind::InputReceived { text } => self.lines(out, &format!("  ↳ {text}"))?,

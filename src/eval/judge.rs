@@ -59,7 +59,7 @@ impl Outcome {
             EventKind::TokenUsage { total, .. } => self.tokens = total.total_tokens(),
             EventKind::ApprovalRequested { tool, .. } => self.approvals.push(tool.clone()),
             EventKind::ApprovalDecided { .. } => {}
-            EventKind::WaitingInput { prompt } => {
+            EventKind::WaitingInput { prompt, .. } => {
                 self.status = Some(RunStatus::WaitingInput);
                 if self.approvals.is_empty() {
                     self.question = Some(prompt.clone());

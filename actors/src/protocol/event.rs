@@ -144,6 +144,10 @@ pub enum EventKind {
     WaitingInput {
         /// The question for the user.
         prompt: String,
+        /// The sub-run that waits, when it is one of this run's sub-runs (input
+        /// sent to this run goes to it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sub_run: Option<RunId>,
     },
     /// Input arrived for a parked run.
     InputReceived {
@@ -183,6 +187,10 @@ pub enum EventKind {
         args: Value,
         /// Why it needs approval.
         reason: String,
+        /// The sub-run whose call it is, when it is one of this run's sub-runs
+        /// (a decision sent to this run goes to it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sub_run: Option<RunId>,
     },
     /// A human approved or rejected a call.
     ApprovalDecided {

@@ -254,6 +254,12 @@ impl Runtime {
     /// waiting for approval (`RunInput::Approval`).
     pub async fn input(&self, run_id: RunId, input: impl Into<RunInput>) -> Result<(), InputError> {
         let input = input.into();
+        // A run waiting with its parked sub-run passes the input down to it.
+        if let Ok(Some(session)) = self.session(run_id).await
+            && let Ok(Some(child)) = ractor::call!(session, |reply| SessionMsg::WaitingOn { reply })
+        {
+            return Box::pin(self.input(child, input)).await;
+        }
         let Some(session) = self.session(run_id).await.map_err(|_| InputError::Unavailable)? else {
             return match self.shared.store.get_run(run_id).await? {
                 None => Err(InputError::NotFound),

@@ -189,6 +189,7 @@ impl Session {
             tool: call.name.clone(),
             args: call.args.clone(),
             reason,
+            sub_run: None,
         });
         if let Some(tools) = tools_mut(live) {
             tools.awaiting.push(index);
@@ -203,7 +204,7 @@ impl Session {
         live: &mut Live,
         prompt: String,
     ) -> Result<(), ActorProcessingErr> {
-        live.outbox.emit(EventKind::WaitingInput { prompt });
+        live.outbox.emit(EventKind::WaitingInput { prompt, sub_run: None });
         live.outbox.write(StoreWrite::Status { status: RunStatus::WaitingInput, reason: None });
         live.run.status = RunStatus::WaitingInput;
         // A run waiting for a human holds no admission slot: a parked run must

@@ -114,6 +114,26 @@ pub enum SessionMsg {
         /// Accepted, or why not.
         reply: RpcReplyPort<Result<(), InputError>>,
     },
+    /// A sub-run of this run parked, waiting for a human: this run shows its
+    /// question and approvals and waits with it (input to this run goes to it).
+    SubRunWaiting {
+        /// The sub-run.
+        child: RunId,
+        /// Its question.
+        prompt: String,
+        /// Its `approval_requested` events still undecided.
+        approvals: Vec<EventKind>,
+    },
+    /// A sub-run that parked goes on.
+    SubRunResumed {
+        /// The sub-run.
+        child: RunId,
+    },
+    /// The sub-run this run waits on, if it waits on one.
+    WaitingOn {
+        /// The sub-run.
+        reply: RpcReplyPort<Option<RunId>>,
+    },
     /// Ask the model again for `turn`, after a pause that followed a provider
     /// failure (sent to itself).
     RetryModel {
@@ -260,6 +280,14 @@ impl Session {
                 self.finish(&myself, live, RunStatus::Cancelled, Some("cancelled by the client".to_owned()), None)
                     .await?;
                 let _ = reply.send(());
+                Ok(())
+            }
+            SessionMsg::SubRunWaiting { child, prompt, approvals } => {
+                self.on_sub_run_waiting(live, child, prompt, approvals).await
+            }
+            SessionMsg::SubRunResumed { child } => self.on_sub_run_resumed(live, child).await,
+            SessionMsg::WaitingOn { reply } => {
+                let _ = reply.send(live.waiting_on);
                 Ok(())
             }
             SessionMsg::RetryModel { turn } => {

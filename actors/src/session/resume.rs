@@ -104,6 +104,7 @@ impl Session {
             depth,
             turn_clock: Instant::now(),
             draining: false,
+            waiting_on: None,
             outage: None,
         });
         if known_agent.is_none() || model.is_none() {

@@ -61,6 +61,8 @@ pub(super) struct Live {
     pub(super) turn_clock: Instant,
     /// The runtime shuts down: nothing new starts (see `SessionMsg::Drain`).
     pub(super) draining: bool,
+    /// The sub-run this run waits on (it parked for a human), if any.
+    pub(super) waiting_on: Option<RunId>,
     /// Since when the model provider has failed in a row, and how many times.
     pub(super) outage: Option<(tokio::time::Instant, u32)>,
 }

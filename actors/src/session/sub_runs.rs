@@ -22,10 +22,10 @@ use crate::config::AgentConfig;
 use crate::events;
 use crate::llm::ToolDefinition;
 use crate::protocol::{EventKind, Limits, RunEvent, RunId, RunStatus, ToolOutcome};
-use crate::session::state::Live;
+use crate::session::state::{Live, Phase};
 use crate::session::{Session, SessionMsg};
 use crate::shared::{RuntimeShared, end_run};
-use crate::store::{RunRecord, StoreError};
+use crate::store::{RunRecord, StoreError, StoreWrite};
 use crate::supervisor::SupervisorMsg;
 use crate::tool_pool::{Ending, WorkItem, book};
 
@@ -218,6 +218,48 @@ impl Session {
     }
 }
 
+impl Session {
+    /// A sub-run parked: this run shows the client its question and approvals
+    /// (pointing at the sub-run) and waits with it.
+    pub(super) async fn on_sub_run_waiting(
+        &self,
+        live: &mut Live,
+        child: RunId,
+        prompt: String,
+        approvals: Vec<EventKind>,
+    ) -> Result<(), ActorProcessingErr> {
+        if !matches!(live.phase, Phase::Tools(_)) {
+            return Ok(());
+        }
+        live.waiting_on = Some(child);
+        for approval in approvals {
+            if let EventKind::ApprovalRequested { turn, call_id, tool, args, reason, .. } = approval {
+                let sub_run = Some(child);
+                live.outbox.emit(EventKind::ApprovalRequested { turn, call_id, tool, args, reason, sub_run });
+            }
+        }
+        live.outbox.emit(EventKind::WaitingInput { prompt, sub_run: Some(child) });
+        live.outbox.write(StoreWrite::Status { status: RunStatus::WaitingInput, reason: None });
+        live.run.status = RunStatus::WaitingInput;
+        live.outbox.flush(&self.shared).await?;
+        Ok(())
+    }
+
+    /// The sub-run this run waited on goes on: so does this run.
+    pub(super) async fn on_sub_run_resumed(&self, live: &mut Live, child: RunId) -> Result<(), ActorProcessingErr> {
+        if live.waiting_on != Some(child) {
+            return Ok(());
+        }
+        live.waiting_on = None;
+        if live.run.status == RunStatus::WaitingInput {
+            live.run.status = RunStatus::Running;
+            live.outbox.write(StoreWrite::Status { status: RunStatus::Running, reason: None });
+            live.outbox.flush(&self.shared).await?;
+        }
+        Ok(())
+    }
+}
+
 /// Follows a sub-run to its end and answers the `run_agent` call.
 struct Watcher {
     shared: Arc<RuntimeShared>,
@@ -279,10 +321,13 @@ impl Watcher {
     /// opened again: the call is answered only from an ended sub-run.
     async fn child_ended(&self) -> bool {
         let mut last = 0;
+        // The sub-run's approval requests not decided yet.
+        let mut undecided: Vec<EventKind> = Vec::new();
         loop {
             let mut events = events::subscribe(self.shared.hub.clone(), self.shared.store.clone(), self.child, last);
             while let Some(Ok(event)) = events.next().await {
                 last = event.seq;
+                self.relay(&event.kind, &mut undecided);
             }
             drop(events);
             match self.shared.store.get_run(self.child).await {
@@ -294,6 +339,29 @@ impl Watcher {
                 return false;
             }
             tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Tells the caller when the sub-run parks for a human and when it goes on, so
+    /// that the question reaches the caller's client and its answer the sub-run.
+    fn relay(&self, kind: &EventKind, undecided: &mut Vec<EventKind>) {
+        let child = self.child;
+        match kind {
+            EventKind::ApprovalRequested { .. } => undecided.push(kind.clone()),
+            EventKind::ApprovalDecided { call_id, .. } => {
+                undecided.retain(
+                    |asked| !matches!(asked, EventKind::ApprovalRequested { call_id: id, .. } if id == call_id),
+                );
+                let _ = self.session.cast(SessionMsg::SubRunResumed { child });
+            }
+            EventKind::WaitingInput { prompt, .. } => {
+                let message = SessionMsg::SubRunWaiting { child, prompt: prompt.clone(), approvals: undecided.clone() };
+                let _ = self.session.cast(message);
+            }
+            EventKind::InputReceived { .. } => {
+                let _ = self.session.cast(SessionMsg::SubRunResumed { child });
+            }
+            _ => {}
         }
     }
 

@@ -19,7 +19,7 @@ async fn ask_user_parks_the_run_until_input_arrives() {
     let run_id = harness.submit("pay the bill").await;
     let mut events = harness.runtime.subscribe(run_id, 0);
     let parked = wait_for(&mut events, |kind| matches!(kind, EventKind::WaitingInput { .. })).await;
-    assert!(matches!(&parked.kind, EventKind::WaitingInput { prompt } if prompt == "which account?"));
+    assert!(matches!(&parked.kind, EventKind::WaitingInput { prompt, .. } if prompt == "which account?"));
     assert_eq!(harness.runtime.get(run_id).await.unwrap().unwrap().status, RunStatus::WaitingInput);
 
     harness.runtime.input(run_id, "the work one").await.unwrap();

@@ -9,10 +9,11 @@ use serde_json::json;
 use crate::config::{AgentConfig, RuntimeConfig};
 use crate::llm::ModelRegistry;
 use crate::protocol::{EventKind, Limits, RunId, RunStatus};
+use crate::run_input::RunInput;
 use crate::runtime::{Deps, Runtime, SubmitRequest};
 use crate::store::{MemoryStore, RunQuery, RunRecord, RunStore};
-use crate::testing::{EchoTool, ScriptedModel, Step, calls, eventually, text};
-use crate::tests::{collect, tool_messages};
+use crate::testing::{EchoTool, GatedTool, ScriptedModel, Step, calls, eventually, text};
+use crate::tests::{collect, tool_messages, wait_for};
 use crate::tool::ToolRegistry;
 
 struct Team {
@@ -20,10 +21,12 @@ struct Team {
     store: Arc<dyn RunStore>,
     boss: Arc<ScriptedModel>,
     helper: Arc<ScriptedModel>,
+    /// The helper's `pay` tool (each call waits for a human).
+    pay: GatedTool,
 }
 
 /// Agents `boss` (may call `run_agent` and `list_agents`) and `helper` (may call
-/// `run_agent` too), each on its own scripted model.
+/// `run_agent` and `pay` too), each on its own scripted model.
 async fn team(boss: Vec<Step>, helper: Vec<Step>, config: RuntimeConfig, boss_limits: Limits) -> Team {
     team_on(Arc::new(MemoryStore::new()), boss, helper, config, boss_limits).await
 }
@@ -36,16 +39,17 @@ async fn team_on(
     boss_limits: Limits,
 ) -> Team {
     let (boss, helper) = (Arc::new(ScriptedModel::per_turn(boss)), Arc::new(ScriptedModel::per_turn(helper)));
-    let tools = ToolRegistry::new().with(Arc::new(EchoTool)).unwrap();
+    let pay = GatedTool::default();
+    let tools = ToolRegistry::new().with(Arc::new(EchoTool)).unwrap().with(Arc::new(pay.clone())).unwrap();
     let names = |list: &[&str]| list.iter().map(|name| (*name).to_owned()).collect::<Vec<_>>();
     let mut lead = AgentConfig::new("boss", "You lead.", names(&["run_agent", "list_agents", "echo"]));
     lead.limits = boss_limits;
-    let mut aide = AgentConfig::new("helper", "You help with sub-tasks.", names(&["run_agent", "echo"]));
+    let mut aide = AgentConfig::new("helper", "You help with sub-tasks.", names(&["run_agent", "echo", "pay"]));
     aide.model = Some("helper".to_owned());
     let models = ModelRegistry::new(boss.clone()).with("helper", helper.clone());
     let deps = Deps { store: store.clone(), models, tools, hooks: Vec::new(), agents: vec![lead, aide] };
     let runtime = Runtime::start(config, deps).await.unwrap();
-    Team { runtime, store, boss, helper }
+    Team { runtime, store, boss, helper, pay }
 }
 
 async fn sub_runs_of(store: &Arc<dyn RunStore>, parent: RunId) -> Vec<RunRecord> {
@@ -185,4 +189,60 @@ async fn a_sub_run_cut_by_a_restart_is_followed_again_not_repeated() {
     assert_eq!(children.len(), 1, "the sub-run was not started twice");
     assert_eq!(children[0].status, RunStatus::Succeeded);
     assert_eq!(tool_messages(&second.boss.requests()[0]), vec!["finished".to_owned()], "its answer reached the caller");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sub_run_question_reaches_the_callers_client_and_is_answered_through_the_caller() {
+    let team = team(
+        vec![delegate("find the year"), text("The helper says 2024.")],
+        vec![calls(&[("ask_user", json!({"question": "Which year?"}))]), text("2024 it is")],
+        RuntimeConfig::default(),
+        Limits::default(),
+    )
+    .await;
+    let boss = team.runtime.submit(SubmitRequest::new("boss", "what year?")).await.unwrap();
+    let mut events = team.runtime.subscribe(boss, 0);
+    let parked = wait_for(&mut events, |kind| matches!(kind, EventKind::WaitingInput { .. })).await;
+    let child = sub_runs_of(&team.store, boss).await[0].run_id;
+    assert!(
+        matches!(&parked.kind, EventKind::WaitingInput { prompt, sub_run } if prompt.contains("Which year?") && *sub_run == Some(child)),
+        "{:?}",
+        parked.kind
+    );
+    assert_eq!(team.runtime.get(boss).await.unwrap().unwrap().status, RunStatus::WaitingInput);
+
+    team.runtime.input(boss, "2024").await.unwrap();
+    collect(team.runtime.subscribe(boss, 0)).await;
+    let record = team.runtime.get(boss).await.unwrap().unwrap();
+    assert_eq!((record.status, record.final_output.as_deref()), (RunStatus::Succeeded, Some("The helper says 2024.")));
+    assert_eq!(tool_messages(&team.helper.requests()[1]), vec!["2024".to_owned()], "the answer reached the sub-run");
+    assert_eq!(tool_messages(&team.boss.requests()[1]), vec!["2024 it is".to_owned()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sub_run_approval_is_shown_and_decided_through_the_caller() {
+    let team = team(
+        vec![delegate("pay invoice 7"), text("Paid.")],
+        vec![calls(&[("pay", json!({"entry": "invoice 7"}))]), text("paid")],
+        RuntimeConfig::default(),
+        Limits::default(),
+    )
+    .await;
+    let boss = team.runtime.submit(SubmitRequest::new("boss", "pay it")).await.unwrap();
+    let mut events = team.runtime.subscribe(boss, 0);
+    let asked = wait_for(&mut events, |kind| matches!(kind, EventKind::ApprovalRequested { .. })).await;
+    let child = sub_runs_of(&team.store, boss).await[0].run_id;
+    assert!(
+        matches!(&asked.kind, EventKind::ApprovalRequested { tool, sub_run, .. } if tool == "pay" && *sub_run == Some(child)),
+        "{:?}",
+        asked.kind
+    );
+    wait_for(&mut events, |kind| matches!(kind, EventKind::WaitingInput { sub_run: Some(_), .. })).await;
+    assert!(team.pay.ledger.lines.lock().unwrap().is_empty(), "nothing is paid before the decision");
+
+    let approve = RunInput::Approval { call_id: None, approved: true, reason: None };
+    team.runtime.input(boss, approve).await.unwrap();
+    collect(team.runtime.subscribe(boss, 0)).await;
+    assert_eq!(team.runtime.get(boss).await.unwrap().unwrap().status, RunStatus::Succeeded);
+    assert_eq!(team.pay.ledger.lines.lock().unwrap().len(), 1, "paid once");
 }
