@@ -252,7 +252,8 @@ impl Mailbox {
         if !named.is_empty() {
             return Ok(named.into_iter().take(query.limit.max(1) as usize).collect());
         }
-        let terms = fts_terms(&query.text);
+        let mut terms = fts_terms(&query.text);
+        terms.extend(day_terms(&query.text, Local::now().date_naive()));
         let mut sql = String::from("SELECT e.* FROM emails e");
         let mut binds: Vec<String> = Vec::new();
         let mut conditions: Vec<String> = Vec::new();
@@ -291,7 +292,9 @@ impl Mailbox {
         }
         let relevance = query.by_relevance && !terms.is_empty();
         sql.push_str(if relevance {
-            " ORDER BY bm25(emails_fts, 4.0, 1.0, 2.0, 1.0)"
+            // Mail filed as spam or trash counts half as relevant as real mail (bm25
+            // scores are negative: lower is better).
+            " ORDER BY bm25(emails_fts, 4.0, 1.0, 2.0, 1.0) * (CASE WHEN e.folder IN ('spam', 'trash') THEN 0.5 ELSE 1.0 END)"
         } else {
             " ORDER BY e.date DESC"
         });
@@ -546,6 +549,35 @@ fn fts_terms(text: &str) -> Vec<String> {
         })
         .map(|word| format!("\"{word}\""))
         .collect()
+}
+
+/// A relative day in `text` (`today`, `tomorrow`, `yesterday`) as the phrases mail
+/// writes that date in: `Friday, 27 November 2026` and `2026-11-27` (FTS5 phrases
+/// of their words), so a question about today finds the emails that name today's
+/// date, whenever they were sent.
+fn day_terms(text: &str, today: NaiveDate) -> Vec<String> {
+    let mut terms = Vec::new();
+    for word in text.split(|c: char| !c.is_alphanumeric()) {
+        let offset = match word.to_lowercase().as_str() {
+            "today" | "tonight" => 0,
+            "tomorrow" => 1,
+            "yesterday" => -1,
+            _ => continue,
+        };
+        let day = today + chrono::Duration::days(offset);
+        for phrase in [day.format("%-d %B %Y").to_string(), day.format("%Y %m %d").to_string()] {
+            let phrase = format!("\"{phrase}\"");
+            if !terms.contains(&phrase) {
+                terms.push(phrase);
+            }
+        }
+    }
+    terms
+}
+
+#[cfg(test)]
+pub(super) fn day_terms_for_test(text: &str, today: NaiveDate) -> Vec<String> {
+    day_terms(text, today)
 }
 
 fn email(row: &SqliteRow) -> Result<Email, MailboxError> {

@@ -276,3 +276,34 @@ fn every_email_tool_has_a_complete_guide_entry() {
         }
     }
 }
+
+#[tokio::test]
+async fn a_question_about_today_ranks_the_emails_that_name_today_first() {
+    let temp = temp_mailbox(true);
+    let question = SearchQuery {
+        text: "Am I expecting any deliveries today?".into(),
+        folder: Some("all".into()),
+        by_relevance: true,
+        limit: 6,
+        ..SearchQuery::default()
+    };
+    let found = temp.mailbox.search(&question).await.unwrap();
+    let found = ids(&found);
+    let mut first_two = found[..2].to_vec();
+    first_two.sort_unstable();
+    // Both name today's date: one is out for delivery today, one is due today (it was sent yesterday).
+    assert_eq!(first_two, ["ship-a10482@northwind-shop.example", "ship-lb55821@lumenbooks.example"], "{found:?}");
+    let scam = SearchQuery {
+        text: "I got an email saying a parcel is on hold until I pay a customs fee. Is it legitimate?".into(),
+        ..question.clone()
+    };
+    // Spam counts half: real mail that names today comes first, but a scam that
+    // matches the question best still leads.
+    let scam = temp.mailbox.search(&scam).await.unwrap();
+    assert_eq!(ids(&scam)[0], "parcel-fee-2291@secure-delivery-alerts.example");
+    let terms = super::mailbox::day_terms_for_test(
+        "what came yesterday?",
+        chrono::NaiveDate::from_ymd_opt(2026, 3, 1).unwrap(),
+    );
+    assert_eq!(terms, ["\"28 February 2026\"", "\"2026 02 28\""]);
+}
