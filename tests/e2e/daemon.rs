@@ -19,6 +19,8 @@ pub(crate) const TOKEN: &str = "e2e-token";
 pub(crate) struct Served {
     child: Child,
     pub(crate) base: String,
+    /// Its stderr.
+    log: std::path::PathBuf,
 }
 
 impl Served {
@@ -42,7 +44,12 @@ impl Served {
         let Ok(base) = receiver.recv_timeout(Duration::from_secs(60)) else {
             panic!("the daemon did not announce its address; its log:\n{}", std::fs::read_to_string(&log).unwrap());
         };
-        Self { child, base }
+        Self { child, base, log }
+    }
+
+    /// What it logged so far.
+    pub(crate) fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     pub(crate) fn url(&self, path: &str) -> String {
@@ -82,9 +89,19 @@ impl Served {
     }
 
     /// Sends SIGTERM and waits (a minute at most) for a clean exit.
-    pub(crate) fn terminate(mut self) {
+    pub(crate) fn terminate(self) {
+        self.signal_term();
+        self.wait_exit();
+    }
+
+    /// Sends SIGTERM.
+    pub(crate) fn signal_term(&self) {
         let pid = self.child.id().to_string();
         assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    }
+
+    /// Waits (a minute at most) for a clean exit.
+    pub(crate) fn wait_exit(mut self) {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
@@ -129,6 +146,76 @@ async fn a_run_cut_by_sigterm_completes_after_a_restart() {
     let answer = events.iter().find(|event| event["kind"] == "final_output").unwrap();
     assert_eq!(answer["text"], "Three words.");
     assert_eq!(model.requests().len(), 3, "turn 1 was not asked again");
+    daemon.terminate();
+    let _ = std::fs::remove_dir_all(&sandbox.dir);
+}
+
+/// An HTTP server whose every answer waits until `release` is notified; it counts
+/// the requests it got.
+async fn held_server(
+    release: std::sync::Arc<tokio::sync::Notify>,
+) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/pay", listener.local_addr().unwrap());
+    let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = hits.clone();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let (release, counted) = (release.clone(), counted.clone());
+            tokio::spawn(async move {
+                let mut request = vec![0u8; 4096];
+                let _ = socket.read(&mut request).await;
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                release.notified().await;
+                let _ =
+                    socket.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\nconnection: close\r\n\r\npaid").await;
+            });
+        }
+    });
+    (url, hits)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_a_side_effecting_call_in_flight_finish_and_records_it_completed() {
+    let sandbox = Sandbox::new("sigterm-drain", r#"["http_fetch"]"#);
+    let config = sandbox.dir.join("troupe.toml");
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str("\n[tools.http_fetch]\nallow_cidrs = [\"127.0.0.1/32\"]\n");
+    std::fs::write(&config, text).unwrap();
+    let release = std::sync::Arc::new(tokio::sync::Notify::new());
+    let (url, hits) = held_server(release.clone()).await;
+    // Turn 1 calls the held URL (http_fetch is not idempotent: a side effect); turn 2 answers.
+    let call = format!(r#"{{"url": "{url}"}}"#);
+    let act = tool_call_stream(&[("p", "http_fetch", &call)], 2);
+    let model = FakeOpenAi::start(vec![act, text_stream("Paid.", 2)], None).await.unwrap();
+
+    let daemon = Served::start(sandbox.troupe(&model, &["serve"]));
+    let id = daemon.post_run("pay it", "crash").await;
+    eventually(Duration::from_secs(30), "the call never reached the server", || async {
+        hits.load(std::sync::atomic::Ordering::SeqCst) == 1
+    })
+    .await;
+    daemon.signal_term();
+    // The runtime drains: only then does the server answer.
+    eventually(Duration::from_secs(30), "the daemon never began to drain", || async {
+        daemon.log().contains("let their tool calls in flight finish")
+    })
+    .await;
+    release.notify_one();
+    daemon.wait_exit();
+
+    let daemon = Served::start(sandbox.troupe(&model, &["serve"]));
+    let events = daemon.events(&id).await;
+    let ends: Vec<&str> = events
+        .iter()
+        .filter(|event| event["kind"] == "tool_call_end")
+        .filter_map(|event| event["status"].as_str())
+        .collect();
+    assert_eq!(ends, ["completed"], "the call that ran is recorded as it ended, not interrupted");
+    let last = events.last().unwrap();
+    assert_eq!((last["kind"].as_str(), last["status"].as_str()), (Some("run_end"), Some("succeeded")));
+    assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 1, "the side effect happened once");
     daemon.terminate();
     let _ = std::fs::remove_dir_all(&sandbox.dir);
 }

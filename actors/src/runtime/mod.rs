@@ -399,6 +399,7 @@ impl Runtime {
         // Queued runs stay `queued` in the store and queue again on the next start.
         self.dispatcher.abort();
         if let Ok(sessions) = ractor::call!(self.supervisor, |reply| SupervisorMsg::Drain { reply }) {
+            info!(runs = sessions.len(), "shutting down: runs let their tool calls in flight finish");
             let drained = futures::future::join_all(sessions.iter().map(|session| session.wait(None)));
             if tokio::time::timeout(deadline, drained).await.is_err() {
                 warn!("tool calls were still running at the shutdown deadline; they are cut off");
