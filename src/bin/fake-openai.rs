@@ -1,7 +1,11 @@
 //! `fake-openai`: the fake OpenAI-compatible server as a process, for benchmarks
 //! and manual runs. Every request gets the same streamed text reply.
 //!
-//! `fake-openai [--port 8089] [--text "..."] [--delay-ms 0]`
+//! `fake-openai [--port 8089] [--text "..."] [--reply-bytes N] [--pieces 4] [--delay-ms 0]`
+//!
+//! `--reply-bytes` replaces the text by one of about `N` bytes (words of filler),
+//! for replies too large for a command line; `--pieces` is the number of content
+//! deltas the text is streamed in.
 
 use std::net::SocketAddr;
 
@@ -12,20 +16,25 @@ async fn main() -> std::io::Result<()> {
     let mut port = 8089u16;
     let mut text = "This is the fake model's answer.".to_owned();
     let mut delay_ms = 0u64;
+    let mut pieces = 4usize;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let value = args.next().unwrap_or_default();
         match arg.as_str() {
             "--port" => port = value.parse().unwrap_or(port),
             "--text" => text = value,
+            "--reply-bytes" => text = filler(value.parse().unwrap_or(0)),
+            "--pieces" => pieces = value.parse().unwrap_or(pieces).max(1),
             "--delay-ms" => delay_ms = value.parse().unwrap_or(0),
             other => {
-                eprintln!("fake-openai: unknown option {other}; options: --port, --text, --delay-ms");
+                eprintln!(
+                    "fake-openai: unknown option {other}; options: --port, --text, --reply-bytes, --pieces, --delay-ms"
+                );
                 std::process::exit(2);
             }
         }
     }
-    let reply = match text_stream(&text, 4) {
+    let reply = match text_stream(&text, pieces) {
         FakeReply::Stream { chunks, done, .. } => FakeReply::Stream { chunks, delay_ms, done },
         other => other,
     };
@@ -33,4 +42,17 @@ async fn main() -> std::io::Result<()> {
     println!("fake-openai serving {}", server.base_url());
     server.serve_forever().await;
     Ok(())
+}
+
+/// About `bytes` bytes of words, each followed by a space.
+fn filler(bytes: usize) -> String {
+    const WORDS: [&str; 8] = ["alpha ", "bravo ", "charlie ", "delta ", "echo ", "foxtrot ", "golf ", "hotel "];
+    let mut text = String::with_capacity(bytes + 8);
+    for word in WORDS.iter().cycle() {
+        if text.len() >= bytes {
+            break;
+        }
+        text.push_str(word);
+    }
+    text
 }
