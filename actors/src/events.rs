@@ -22,12 +22,14 @@ const REPLAY_BATCH: usize = 256;
 pub struct EventHub {
     channels: DashMap<RunId, broadcast::Sender<Arc<RunEvent>>>,
     capacity: usize,
+    /// Set by `close_all`: nothing will be published any more.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl EventHub {
     /// A hub whose channels buffer `capacity` events per run.
     pub fn new(capacity: usize) -> Self {
-        Self { channels: DashMap::new(), capacity: capacity.max(1) }
+        Self { channels: DashMap::new(), capacity: capacity.max(1), closed: Default::default() }
     }
 
     /// Whether anyone listens to `run_id` (publishing is free otherwise).
@@ -50,13 +52,19 @@ impl EventHub {
         self.channels.remove(&run_id);
     }
 
-    /// Ends every channel (shutdown, or the supervisor gave up): subscribers read
-    /// what the store has and finish instead of waiting forever.
+    /// Ends every channel, for good (shutdown, or the supervisor gave up):
+    /// subscribers, also later ones, read what the store has and finish instead
+    /// of waiting forever.
     pub fn close_all(&self) {
+        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
         self.channels.clear();
     }
 
     fn receiver(&self, run_id: RunId) -> broadcast::Receiver<Arc<RunEvent>> {
+        if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+            // Its sender is gone at once: the subscriber reads the store and ends.
+            return broadcast::channel(1).1;
+        }
         self.channels.entry(run_id).or_insert_with(|| broadcast::channel(self.capacity).0).subscribe()
     }
 

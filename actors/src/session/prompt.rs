@@ -225,6 +225,10 @@ pub fn review_message(turn: u32, review: &Review) -> Message {
     for action in &review.suggested_actions {
         text.push_str(&format!("Suggested: {action}\n"));
     }
+    // A replan's tasks are the run's plan from now on: the model reads them here.
+    for item in review.updated_plan.iter().flatten() {
+        text.push_str(&format!("New plan: {} [{:?}] {}\n", item.id, item.status, item.content));
+    }
     text.push_str("Go on: call a tool if more is needed; otherwise answer the user's request in plain words.");
     Message::text(Role::User, text)
 }

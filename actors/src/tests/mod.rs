@@ -5,6 +5,7 @@ mod answers;
 mod approvals;
 mod control;
 mod hooks_e2e;
+mod promises;
 mod steps;
 mod sub_runs;
 mod supervision;
