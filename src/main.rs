@@ -27,6 +27,14 @@ use troupe::llm::local::pull::PYPI_INDEX;
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// jemalloc's options: its background thread gives freed memory back to the
+/// system while the daemon idles (without it, memory freed after a burst of large
+/// replies stays with the process).
+#[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
+#[allow(unsafe_code)]
+#[unsafe(export_name = "_rjem_malloc_conf")]
+pub static MALLOC_CONF: &u8 = &b"background_thread:true\0"[0];
+
 /// troupe runs LLM agents as a supervised tree of actors.
 #[derive(Parser)]
 #[command(name = "troupe", version, about)]

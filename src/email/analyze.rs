@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use troupe_actors::llm::{ChatRequest, Message, ModelChunk, ModelClient, Role, ToolChoice};
 use troupe_actors::tool::{Tool, ToolContext, ToolError, ToolOutput};
 
-use crate::email::Mailboxes;
+use crate::email::mailbox::Mailboxes;
 use crate::email::tools::{fragment, tool_error};
 
 /// The classes an email can be given.

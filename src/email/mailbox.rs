@@ -10,8 +10,10 @@
 //! carry the tool call's idempotency key, under a unique index, so a call repeated
 //! downstream writes once.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Local, NaiveDate, TimeZone, Utc};
@@ -21,6 +23,7 @@ use sqlx::{Row, SqlitePool};
 use tokio::sync::OnceCell;
 
 use crate::email::import::{self, ImportError, NewEmail};
+use crate::tools::TenantPath;
 
 /// The sample mailbox (a JSON list with day offsets), built in.
 pub const SAMPLE_MAILBOX: &str = include_str!("../../config/email/sample-mailbox.json");
@@ -171,6 +174,39 @@ pub struct MailboxOptions {
     pub seed_sample: bool,
     /// The address messages are sent from.
     pub address: String,
+}
+
+/// Each tenant's mailbox, a SQLite file of its own (a path template with
+/// `{tenant}`), opened on first use and kept open.
+pub struct Mailboxes {
+    path: TenantPath,
+    seed_sample: bool,
+    address: String,
+    open: Mutex<HashMap<String, Arc<Mailbox>>>,
+}
+
+impl Mailboxes {
+    /// The mailboxes at `path`, each seeded with the sample if `seed_sample`,
+    /// sending from `address`.
+    pub fn new(path: TenantPath, seed_sample: bool, address: String) -> Self {
+        Self { path, seed_sample, address, open: Mutex::default() }
+    }
+
+    /// The mailbox of `tenant`.
+    pub fn of(&self, tenant: &str) -> Arc<Mailbox> {
+        // A std mutex: the section is one map lookup, never an await.
+        let mut open = self.open.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        open.entry(tenant.to_owned()).or_insert_with(|| Arc::new(self.of_new(tenant))).clone()
+    }
+
+    /// A new handle on the mailbox of `tenant` (not kept).
+    pub fn of_new(&self, tenant: &str) -> Mailbox {
+        Mailbox::new(MailboxOptions {
+            path: self.path.of(tenant),
+            seed_sample: self.seed_sample,
+            address: self.address.clone(),
+        })
+    }
 }
 
 /// The mailbox, opened on first use.

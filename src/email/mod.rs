@@ -14,9 +14,8 @@ pub mod mailbox;
 pub mod mime;
 pub mod tools;
 
-use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use serde::Deserialize;
 use troupe_actors::llm::ModelClient;
@@ -24,7 +23,7 @@ use troupe_actors::tool::{RegistryError, Tool, ToolRegistry};
 
 use crate::tools::TenantPath;
 
-pub use mailbox::{Mailbox, MailboxError, MailboxOptions};
+pub use mailbox::{Mailbox, MailboxError, MailboxOptions, Mailboxes};
 
 /// `[email]`: the mailbox of the email tools.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -56,37 +55,12 @@ impl EmailConfig {
     /// Every tenant's mailbox as these settings describe it, a relative path under
     /// `data_dir`.
     pub fn mailboxes(&self, data_dir: &Path) -> Mailboxes {
-        Mailboxes { path: self.mailbox_path.under(data_dir), settings: self.clone(), open: Mutex::default() }
+        Mailboxes::new(self.mailbox_path.under(data_dir), self.seed_sample, self.address.clone())
     }
 
     /// The mailbox of `tenant`, a relative path under `data_dir`.
     pub fn mailbox(&self, data_dir: &Path, tenant: &str) -> Mailbox {
         self.mailboxes(data_dir).of_new(tenant)
-    }
-}
-
-/// Each tenant's mailbox, a SQLite file of its own, opened on first use and kept
-/// open.
-pub struct Mailboxes {
-    path: TenantPath,
-    settings: EmailConfig,
-    open: Mutex<HashMap<String, Arc<Mailbox>>>,
-}
-
-impl Mailboxes {
-    /// The mailbox of `tenant`.
-    pub fn of(&self, tenant: &str) -> Arc<Mailbox> {
-        // A std mutex: the section is one map lookup, never an await.
-        let mut open = self.open.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        open.entry(tenant.to_owned()).or_insert_with(|| Arc::new(self.of_new(tenant))).clone()
-    }
-
-    fn of_new(&self, tenant: &str) -> Mailbox {
-        Mailbox::new(MailboxOptions {
-            path: self.path.of(tenant),
-            seed_sample: self.settings.seed_sample,
-            address: self.settings.address.clone(),
-        })
     }
 }
 

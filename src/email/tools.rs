@@ -14,9 +14,8 @@ use serde_json::{Value, json};
 use troupe_actors::protocol::Fragment;
 use troupe_actors::tool::{Tool, ToolContext, ToolError, ToolOutput};
 
-use crate::email::Mailboxes;
 use crate::email::entities;
-use crate::email::mailbox::{Compose, Email, MailboxError, SearchQuery};
+use crate::email::mailbox::{Compose, Email, MailboxError, Mailboxes, SearchQuery};
 use crate::tools::{parse_args, schema_of};
 
 /// Characters of a body shown in a search result unless bodies are asked for.

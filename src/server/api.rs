@@ -23,7 +23,7 @@ use utoipa::{IntoParams, Modify, OpenApi, ToSchema};
 use super::auth::Tenant;
 use super::error::{ApiError, ErrorBody};
 use super::state::{AppState, owned_run, require_tenant};
-use super::{sse, telemetry};
+use super::{incidents, sse, telemetry};
 
 /// Longest listing.
 const MAX_LIST: usize = 500;
@@ -85,9 +85,11 @@ pub(super) fn router(state: AppState) -> Router {
 
 /// Middleware: a request that gets no response head within `request_timeout`
 /// is answered 503 `timeout` (an event stream's head comes at once; its body is
-/// not limited). Every 429 and 503 leaves with a `Retry-After`.
+/// not limited). Every 429 and 503 leaves with a `Retry-After`. A refusal (413,
+/// 429, 503) is logged.
 async fn deadline(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let limit = state.inner.timing.request_timeout;
+    let seen = incidents::RequestSeen::of(&request);
     let mut response = match tokio::time::timeout(limit, next.run(request)).await {
         Ok(response) => response,
         Err(_) => {
@@ -100,6 +102,7 @@ async fn deadline(State(state): State<AppState>, request: Request, next: Next) -
         let seconds = axum::http::HeaderValue::from(state.inner.config.retry_after);
         response.headers_mut().insert(axum::http::header::RETRY_AFTER, seconds);
     }
+    incidents::log_refusal(&state, &seen, &response);
     response
 }
 

@@ -73,7 +73,7 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = ErrorBody { error: ErrorDetail { code: self.code.to_owned(), message: self.message } };
+        let body = ErrorBody { error: ErrorDetail { code: self.code.to_owned(), message: self.message.clone() } };
         let mut response = (self.status, Json(body)).into_response();
         if let Some(seconds) = self.retry_after {
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds));
@@ -81,6 +81,8 @@ impl IntoResponse for ApiError {
         if self.status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
+        // For the line the server logs about a refusal (`incidents.rs`).
+        response.extensions_mut().insert(self);
         response
     }
 }

@@ -10,6 +10,9 @@
 //! - `error.rs`: [`ApiError`], the one error type every route answers with.
 //! - `telemetry.rs`: the Prometheus recorder and per-request metrics.
 //! - `stall.rs`: the write timeout of a connection.
+//! - `incidents.rs`: the log lines about refused requests, dropped connections
+//!   and cut event streams; `throttle.rs` keeps a client from flooding the log
+//!   with them.
 //!
 //! Connections are served by hyper directly rather than `axum::serve`, for the
 //! header-read timeout: a client that sends half a request is dropped within
@@ -19,21 +22,28 @@ mod api;
 mod auth;
 mod config;
 mod error;
+mod incidents;
 mod slots;
 mod sse;
 mod stall;
 mod state;
 mod telemetry;
+mod throttle;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
+
+use incidents::ConnectionNote;
+use throttle::LogThrottle;
 
 pub use api::openapi;
 pub use sse::STREAM_ERROR;
@@ -61,13 +71,17 @@ pub async fn serve(
 ) {
     let graceful = GracefulShutdown::new();
     let service = TowerToHyperService::new(router);
+    // Dropped connections are logged through it: a client can cause them.
+    let throttle = Arc::new(LogThrottle::default());
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(error) => {
                     // Out of file descriptors and the like: back off, keep serving.
-                    warn!(%error, "accept failed");
+                    if let Some(suppressed) = throttle.admit("accept_failed") {
+                        warn!(%error, suppressed, "accept failed");
+                    }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
@@ -76,18 +90,41 @@ pub async fn serve(
         };
         let mut builder = hyper::server::conn::http1::Builder::new();
         builder.timer(TokioTimer::new()).header_read_timeout(timeouts.header_read).keep_alive(true);
-        let io = TokioIo::new(stall::StallGuard::new(stream, timeouts.write));
-        let connection = builder.serve_connection(io, service.clone());
-        let connection = graceful.watch(connection);
+        let note = Arc::new(ConnectionNote::new(peer));
+        let io = TokioIo::new(stall::StallGuard::new(stream, timeouts.write, note.clone()));
+        let noted = Noted { inner: service.clone(), note: note.clone() };
+        let connection = graceful.watch(builder.serve_connection(io, noted));
+        let throttle = throttle.clone();
         tokio::spawn(async move {
             if let Err(error) = connection.await {
-                debug!(%peer, %error, "connection ended with an error");
+                incidents::log_connection_end(&throttle, &note, &error, timeouts.header_read, timeouts.write);
             }
         });
     }
     drop(listener);
     if tokio::time::timeout(drain, graceful.shutdown()).await.is_err() {
         warn!("connections still open after the shutdown deadline; closing them");
+    }
+}
+
+/// The router as a hyper service.
+type RouterService = TowerToHyperService<axum::Router>;
+
+/// The router as a hyper service that hands each request its connection's note
+/// (an event stream names its run in it).
+struct Noted {
+    inner: RouterService,
+    note: Arc<ConnectionNote>,
+}
+
+impl hyper::service::Service<hyper::Request<Incoming>> for Noted {
+    type Response = <RouterService as hyper::service::Service<hyper::Request<Incoming>>>::Response;
+    type Error = <RouterService as hyper::service::Service<hyper::Request<Incoming>>>::Error;
+    type Future = <RouterService as hyper::service::Service<hyper::Request<Incoming>>>::Future;
+
+    fn call(&self, mut request: hyper::Request<Incoming>) -> Self::Future {
+        request.extensions_mut().insert(self.note.clone());
+        self.inner.call(request)
     }
 }
 

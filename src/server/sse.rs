@@ -4,7 +4,7 @@
 //! from the store and then live, with no gap and no duplicate. A client that
 //! reads slower than the run writes is served from the store (the runtime's
 //! subscription does that), so it never slows the run. The stream ends after
-//! `run_end`, and at shutdown.
+//! `run_end`, and at shutdown; one the server ends before `run_end` is logged.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -17,12 +17,13 @@ use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use futures::stream::{self, BoxStream};
 use serde::Deserialize;
-use troupe_actors::protocol::RunEvent;
+use troupe_actors::protocol::{EventKind, RunEvent, RunId};
 use troupe_actors::store::StoreError;
 use utoipa::IntoParams;
 
 use super::auth::Tenant;
 use super::error::ApiError;
+use super::incidents::{self, ConnectionNote, StreamCut};
 use super::slots::StreamSlot;
 use super::state::{AppState, owned_run};
 
@@ -56,6 +57,7 @@ pub async fn run_events(
     Extension(Tenant(tenant)): Extension<Tenant>,
     path: Result<Path<String>, axum::extract::rejection::PathRejection>,
     query: Result<Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
+    note: Option<Extension<Arc<ConnectionNote>>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let Path(id) = path?;
@@ -77,31 +79,74 @@ pub async fn run_events(
         return Err(ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_streams", "too many open event streams")
             .retry_after(state.inner.config.retry_after));
     };
+    if let Some(Extension(note)) = note {
+        note.streams(&tenant, run.run_id);
+    }
     let events = state.inner.runtime.subscribe(run.run_id, after);
-    let shutdown = state.inner.shutdown.clone().cancelled_owned();
-    let stream = frames(events, slot).take_until(shutdown);
     let keep_alive = KeepAlive::new().interval(state.inner.timing.sse_keep_alive);
-    Ok(Sse::new(stream).keep_alive(keep_alive).into_response())
+    let open = OpenStream { state: state.clone(), tenant, run_id: run.run_id, slot: Some(slot), sent: None };
+    Ok(Sse::new(frames(events, open)).keep_alive(keep_alive).into_response())
 }
 
-/// SSE frames of a subscription. A store failure mid-stream sends one
-/// `stream_error` event (no id: it is not a run event) and ends the stream; the
-/// client reconnects with its last id.
+/// An event stream being served: what its end is logged with.
+struct OpenStream {
+    state: AppState,
+    tenant: String,
+    run_id: RunId,
+    /// The place among open streams, held as long as the stream; `None` once the
+    /// stream is over.
+    slot: Option<StreamSlot>,
+    /// Whether the last event sent was `run_end`; `None` before the first.
+    sent: Option<bool>,
+}
+
+impl OpenStream {
+    /// Ends the stream, logging why if the run had not ended.
+    fn cut(&mut self, cut: StreamCut, detail: Option<&str>) {
+        self.slot = None;
+        incidents::log_stream_cut(&self.state, &self.tenant, self.run_id, cut, detail);
+    }
+}
+
+/// SSE frames of a subscription, until `run_end` or shutdown. A store failure
+/// mid-stream sends one `stream_error` event (no id: it is not a run event) and
+/// ends the stream; the client reconnects with its last id.
 fn frames(
     events: BoxStream<'static, Result<Arc<RunEvent>, StoreError>>,
-    slot: StreamSlot,
+    open: OpenStream,
 ) -> impl futures::Stream<Item = Result<Event, Infallible>> + Send + 'static {
-    stream::unfold((events, Some(slot)), |(mut events, slot)| async move {
-        // The slot lives as long as the stream; `None` means the stream is over.
-        slot.as_ref()?;
-        match events.next().await {
-            Some(Ok(event)) => Some((Ok(frame(&event)), (events, slot))),
-            Some(Err(error)) => {
-                tracing::warn!(%error, "event stream failed");
-                let data = serde_json::json!({"code": "store_error", "message": "reading the run's events failed; reconnect with Last-Event-ID"});
-                Some((Ok(Event::default().event(STREAM_ERROR).data(data.to_string())), (events, None)))
+    stream::unfold((events, open), |(mut events, mut open)| async move {
+        open.slot.as_ref()?;
+        let shutdown = open.state.inner.shutdown.clone();
+        let next = tokio::select! {
+            biased;
+            () = shutdown.cancelled() => {
+                if open.sent != Some(true) {
+                    open.cut(StreamCut::Shutdown, None);
+                }
+                return None;
             }
-            None => None,
+            next = events.next() => next,
+        };
+        match next {
+            Some(Ok(event)) => {
+                open.sent = Some(matches!(event.kind, EventKind::RunEnd { .. }));
+                Some((Ok(frame(&event)), (events, open)))
+            }
+            Some(Err(error)) => {
+                open.cut(StreamCut::StoreFailed, Some(&error.to_string()));
+                let data = serde_json::json!({"code": "store_error", "message": "reading the run's events failed; reconnect with Last-Event-ID"});
+                Some((Ok(Event::default().event(STREAM_ERROR).data(data.to_string())), (events, open)))
+            }
+            None => {
+                // A subscription ends after `run_end`; one that ends after other
+                // events lost its run's session (a client that reconnects after
+                // the end gets nothing, and nothing was cut).
+                if open.sent == Some(false) {
+                    open.cut(StreamCut::SessionStopped, None);
+                }
+                None
+            }
         }
     })
 }

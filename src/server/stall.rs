@@ -2,15 +2,20 @@
 //! hyper has no write timeout: an event-stream client that keeps its socket open
 //! but never reads would hold its connection, its stream slot and its
 //! subscription forever. [`StallGuard`] wraps the socket and fails a write that
-//! has made no progress for that long, which ends the connection.
+//! has made no progress for that long, which ends the connection. It also tells
+//! the connection's [`ConnectionNote`] what it saw, for the line logged when the
+//! connection is dropped.
 
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
+
+use super::incidents::ConnectionNote;
 
 /// An I/O stream whose writes fail once they have been stuck for `limit`.
 pub struct StallGuard<T> {
@@ -18,11 +23,21 @@ pub struct StallGuard<T> {
     limit: Duration,
     /// Armed while a write is pending; reset by any progress.
     stalled: Option<Pin<Box<Sleep>>>,
+    note: Arc<ConnectionNote>,
 }
 
 impl<T> StallGuard<T> {
-    pub fn new(inner: T, limit: Duration) -> Self {
-        Self { inner, limit, stalled: None }
+    /// Guards `inner`, reporting to `note`.
+    pub fn new(inner: T, limit: Duration, note: Arc<ConnectionNote>) -> Self {
+        Self { inner, limit, stalled: None, note }
+    }
+
+    /// A write (or flush) made progress.
+    fn progressed(&mut self, written: bool) {
+        self.stalled = None;
+        if written {
+            self.note.wrote();
+        }
     }
 
     /// After a write (or flush) returned `Pending`: fails once the stall has
@@ -31,10 +46,13 @@ impl<T> StallGuard<T> {
         let limit = self.limit;
         let timer = self.stalled.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(Instant::now() + limit)));
         match timer.as_mut().poll(cx) {
-            Poll::Ready(()) => Poll::Ready(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!("the peer read nothing for {}s", limit.as_secs_f64()),
-            )),
+            Poll::Ready(()) => {
+                self.note.stalled();
+                Poll::Ready(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("the peer read nothing for {}s", limit.as_secs_f64()),
+                ))
+            }
             Poll::Pending => Poll::Pending,
         }
     }
@@ -42,7 +60,12 @@ impl<T> StallGuard<T> {
 
 impl<T: AsyncRead + Unpin> AsyncRead for StallGuard<T> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let result = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.note.read();
+        }
+        result
     }
 }
 
@@ -50,7 +73,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for StallGuard<T> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         match Pin::new(&mut self.inner).poll_write(cx, buf) {
             Poll::Ready(result) => {
-                self.stalled = None;
+                self.progressed(matches!(result, Ok(written) if written > 0));
                 Poll::Ready(result)
             }
             Poll::Pending => self.check_stall(cx).map(Err),
@@ -60,7 +83,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for StallGuard<T> {
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match Pin::new(&mut self.inner).poll_flush(cx) {
             Poll::Ready(result) => {
-                self.stalled = None;
+                self.progressed(false);
                 Poll::Ready(result)
             }
             Poll::Pending => self.check_stall(cx).map(Err),
@@ -78,7 +101,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for StallGuard<T> {
     ) -> Poll<io::Result<usize>> {
         match Pin::new(&mut self.inner).poll_write_vectored(cx, bufs) {
             Poll::Ready(result) => {
-                self.stalled = None;
+                self.progressed(matches!(result, Ok(written) if written > 0));
                 Poll::Ready(result)
             }
             Poll::Pending => self.check_stall(cx).map(Err),
@@ -99,7 +122,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_write_nobody_reads_fails_after_the_limit_and_progress_resets_it() {
         let (near, mut far) = tokio::io::duplex(64);
-        let mut guarded = StallGuard::new(near, Duration::from_secs(30));
+        let note = Arc::new(ConnectionNote::new(std::net::SocketAddr::from(([127, 0, 0, 1], 1))));
+        let mut guarded = StallGuard::new(near, Duration::from_secs(30), note);
         // Progress: what the peer reads keeps the connection alive, however slow.
         guarded.write_all(&[0; 64]).await.unwrap();
         let drained = async {

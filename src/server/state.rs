@@ -17,6 +17,7 @@ use super::auth::{Auth, HashedToken, Tenant};
 use super::config::{ServeError, ServerConfig, Timing};
 use super::error::ApiError;
 use super::slots::StreamSlots;
+use super::throttle::LogThrottle;
 
 /// What every handler shares.
 #[derive(Clone)]
@@ -35,6 +36,8 @@ pub(super) struct Inner {
     pub(super) metrics_token: Option<HashedToken>,
     pub(super) streams: StreamSlots,
     pub(super) shutdown: CancellationToken,
+    /// The lines about refused requests and cut streams a client can cause.
+    pub(super) throttle: LogThrottle,
 }
 
 impl AppState {
@@ -55,7 +58,8 @@ impl AppState {
             None => None,
         };
         let streams = StreamSlots::new(config.max_sse_clients, config.max_sse_clients_per_tenant);
-        let inner = Inner { runtime, auth, config, timing, prometheus, metrics_token, streams, shutdown };
+        let throttle = LogThrottle::default();
+        let inner = Inner { runtime, auth, config, timing, prometheus, metrics_token, streams, shutdown, throttle };
         Ok(Self { inner: Arc::new(inner) })
     }
 }

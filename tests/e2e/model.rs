@@ -432,3 +432,137 @@ async fn cancelling_a_run_aborts_its_request_and_frees_the_slot() {
     }
     assert_eq!(reply.unwrap().content, "free again");
 }
+
+/// Log lines written while it is installed on this thread (a current-thread
+/// runtime keeps every task of a test on it), as the daemon's formatter writes
+/// them, without colours.
+#[derive(Clone, Default)]
+pub struct CapturedLogs(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl CapturedLogs {
+    /// Captures DEBUG and above until the guard is dropped.
+    pub fn install() -> (Self, tracing::subscriber::DefaultGuard) {
+        let logs = Self::default();
+        let writer = logs.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_max_level(tracing::Level::DEBUG)
+            .with_writer(move || writer.clone())
+            .finish();
+        (logs, tracing::subscriber::set_default(subscriber))
+    }
+
+    /// The lines so far that hold every one of `parts`.
+    pub fn matching(&self, parts: &[&str]) -> Vec<String> {
+        let text = String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned();
+        text.lines().filter(|line| parts.iter().all(|part| line.contains(part))).map(str::to_owned).collect()
+    }
+}
+
+impl std::io::Write for CapturedLogs {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn each_retry_and_a_final_failure_leave_a_warning_naming_the_status() {
+    let (logs, _guard) = CapturedLogs::install();
+    let busy = FakeReply::Status { status: 429, retry_after: None, body: "{\"error\": \"slow down\"}".into() };
+    let server = server(vec![busy, text_stream("ok", 1)]).await;
+    let (_, reply) = call(&model_with(&server, |_| {})).await;
+    assert_eq!(reply.unwrap().content, "ok");
+    let retries = logs.matching(&["WARN", "model request failed; retrying", "provider=fake", "model=fake-model"]);
+    assert_eq!(retries.len(), 1, "{retries:?}");
+    for part in ["status 429", "slow down", "attempt=1", "max_attempts=3", "delay_ms="] {
+        assert!(retries[0].contains(part), "{part} missing from {}", retries[0]);
+    }
+    assert!(!retries[0].contains(CANARY));
+
+    let failing = FakeReply::Status { status: 503, retry_after: None, body: "{\"error\": \"down\"}".into() };
+    let down = FakeOpenAi::start(Vec::new(), Some(failing)).await.unwrap();
+    let (_, reply) = call(&model_with(&down, |_| {})).await;
+    assert!(matches!(reply, Err(ModelError::Status { status: 503, .. })), "{reply:?}");
+    let gave_up = logs.matching(&["WARN", "model request failed after its retries", "status 503", "attempts=3"]);
+    assert_eq!(gave_up.len(), 1, "{gave_up:?}");
+
+    let refused = FakeReply::Status { status: 401, retry_after: None, body: "{\"error\": \"bad key\"}".into() };
+    let locked = server_with_one(refused).await;
+    let (_, reply) = call(&model_with(&locked, |_| {})).await;
+    assert!(matches!(reply, Err(ModelError::Status { status: 401, .. })), "{reply:?}");
+    let hard = logs.matching(&["ERROR", "retrying cannot help", "status 401", "attempts=1"]);
+    assert_eq!(hard.len(), 1, "a hard error is an ERROR: {hard:?}");
+}
+
+async fn server_with_one(reply: FakeReply) -> FakeOpenAi {
+    FakeOpenAi::start(vec![reply], None).await.unwrap()
+}
+
+#[tokio::test]
+async fn a_reply_over_the_limit_fails_early_with_a_typed_error_reasoning_included() {
+    let (logs, _guard) = CapturedLogs::install();
+    let limit = 256 * 1024;
+    // 1 MiB of text in 1 KiB deltas: the call fails once the reply passes the limit.
+    let long = text_stream(&"word ".repeat(200 * 1024), 1024);
+    let reasoning: Vec<Value> = (0..512)
+        .map(|_| json!({"choices": [{"index": 0, "delta": {"reasoning_content": "r".repeat(1024)}}]}))
+        .collect();
+    let thinking = FakeReply::Stream { chunks: reasoning, delay_ms: 0, done: true };
+    let server = server(vec![long, thinking]).await;
+    let model = model_with(&server, |settings| {
+        settings.max_body_bytes = limit;
+        settings.max_concurrency = 1;
+        settings.queue_limit = 0;
+    });
+
+    let mut first = model.chat(request()).await.unwrap();
+    let mut streamed = 0;
+    let error = loop {
+        match first.next().await {
+            Some(Ok(ModelChunk::Delta(ModelDelta::Text(text)))) => streamed += text.len(),
+            Some(Ok(other)) => panic!("no reply was due: {other:?}"),
+            Some(Err(error)) => break error,
+            None => panic!("the stream ended without an error"),
+        }
+    };
+    assert!(
+        matches!(error, ModelError::Decode(ref message) if message.contains("larger than 262144 bytes")),
+        "{error:?}"
+    );
+    assert!(streamed <= limit, "it stopped at the limit: {streamed} bytes streamed");
+
+    // The failed stream is still held, but its slot (the only one) is free again.
+    let (deltas, reply) = call(&model).await;
+    assert!(matches!(reply, Err(ModelError::Decode(ref message)) if message.contains("larger than")), "{reply:?}");
+    assert!(deltas.len() <= 256, "reasoning counts toward the reply: {} deltas", deltas.len());
+    let failed = logs.matching(&["WARN", "model reply failed while streaming", "larger than", "provider=fake"]);
+    assert_eq!(failed.len(), 2, "{failed:?}");
+    drop(first);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_whose_reply_is_over_the_limit_fails_with_a_clear_reason() {
+    let huge = text_stream(&"word ".repeat(400 * 1024), 2000);
+    let server = FakeOpenAi::start(Vec::new(), Some(huge)).await.unwrap();
+    let model = model_with(&server, |settings| settings.max_body_bytes = 1 << 20);
+    let runtime = runtime(Arc::new(model)).await;
+    let (record, events) = run(&runtime, "write a lot").await;
+
+    assert_eq!(record.status, RunStatus::Failed);
+    let reason = record.reason.unwrap();
+    assert!(reason.contains("the reply is larger than 1048576 bytes"), "{reason}");
+    assert_eq!(server.requests().len(), 1, "a reply over the limit is not asked for again");
+    let streamed: usize = events
+        .iter()
+        .map(|event| match &event.kind {
+            EventKind::AssistantDelta { text, .. } => text.len(),
+            _ => 0,
+        })
+        .sum();
+    assert!(streamed <= 1 << 20, "no more than the limit reached the run: {streamed} bytes");
+}

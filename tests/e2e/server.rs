@@ -537,3 +537,62 @@ async fn a_call_waiting_for_approval_is_approved_or_rejected_over_the_api() {
     let run = server.send(reqwest::Method::GET, &format!("/v1/runs/{id}"), Some(ALPHA), None).await;
     assert_eq!(run.body["status"], "succeeded");
 }
+
+#[tokio::test]
+async fn a_refused_request_leaves_one_log_line_and_a_flood_no_more() {
+    let (logs, _guard) = crate::model::CapturedLogs::install();
+    let config = ServerConfig { max_body_bytes: 1024, ..ServerConfig::default() };
+    let runtime = RuntimeConfig { max_active_runs: 1, max_queued_runs: 0, ..RuntimeConfig::default() };
+    let server = start(ScriptedModel::per_turn(vec![Step::Hang]), runtime, config).await;
+    let huge = json!({"input": "x".repeat(4096)});
+    for _ in 0..20 {
+        let answer = server.send(reqwest::Method::POST, "/v1/runs", Some(ALPHA), Some(huge.clone())).await;
+        assert_eq!(answer.status, StatusCode::PAYLOAD_TOO_LARGE);
+    }
+    let lines = logs.matching(&["request refused"]);
+    assert_eq!(lines.len(), 1, "one line, the rest suppressed: {lines:?}");
+    for part in ["INFO", "status=413", "code=\"payload_too_large\"", "tenant=\"alpha\"", "route=\"/v1/runs\""] {
+        assert!(lines[0].contains(part), "{part} missing from {}", lines[0]);
+    }
+
+    // A full daemon is the operator's to act on: a warning, throttled apart.
+    server.create(ALPHA, "one").await;
+    for _ in 0..3 {
+        let over = server.send(reqwest::Method::POST, "/v1/runs", Some(BETA), Some(json!({"input": "two"}))).await;
+        assert_eq!(over.status, StatusCode::TOO_MANY_REQUESTS);
+    }
+    let overloaded = logs.matching(&["request refused", "code=\"overloaded\""]);
+    assert_eq!(overloaded.len(), 1, "{overloaded:?}");
+    assert!(overloaded[0].contains("WARN") && overloaded[0].contains("tenant=\"beta\""), "{}", overloaded[0]);
+    assert_eq!(logs.matching(&["request refused"]).len(), 2);
+}
+
+#[tokio::test]
+async fn a_slow_client_dropped_and_a_stream_cut_by_shutdown_leave_a_line_each() {
+    let (logs, _guard) = crate::model::CapturedLogs::install();
+    let config = ServerConfig { header_read_timeout: 0.3, ..ServerConfig::default() };
+    let server = start(ScriptedModel::per_turn(vec![Step::Hang]), RuntimeConfig::default(), config).await;
+    let address = server.base.trim_start_matches("http://").to_owned();
+
+    // A keep-alive connection that goes quiet after its request is no slow client.
+    let mut idle = tokio::net::TcpStream::connect(&address).await.unwrap();
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: troupe\r\n\r\n").await.unwrap();
+    idle.read_to_end(&mut Vec::new()).await.unwrap();
+    assert!(logs.matching(&["dropped a client"]).is_empty(), "an idle keep-alive was logged as a slow client");
+
+    let mut slow = tokio::net::TcpStream::connect(&address).await.unwrap();
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: troupe\r\n").await.unwrap();
+    let _ = slow.read_to_end(&mut Vec::new()).await;
+    eventually(Duration::from_secs(10), "the dropped client left no line", || async {
+        logs.matching(&["INFO", "did not finish its request head", "peer=127.0.0.1"]).len() == 1
+    })
+    .await;
+
+    let id = server.create(ALPHA, "wait").await;
+    let mut stream = server.events(ALPHA, &id, None).await;
+    assert_eq!(stream.next().await.unwrap().1, "run_started");
+    server.shutdown.cancel();
+    stream.rest().await;
+    let cut = logs.matching(&["event stream closed: the server is shutting down", &id, "tenant=\"alpha\""]);
+    assert_eq!(cut.len(), 1, "{cut:?}");
+}

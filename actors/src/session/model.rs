@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use futures::StreamExt;
 use ractor::{ActorProcessingErr, ActorRef};
-use tracing::warn;
+use tracing::{Instrument, warn};
 
 use crate::llm::{Message, ModelChunk, ModelClient, ModelDelta, ModelError, ModelReply, Role, ToolChoice};
 use crate::metrics;
@@ -109,11 +109,15 @@ impl Session {
         let model = live.model.clone();
         let limit = self.shared.config.model_timeout;
         let done = ModelDoneGuard { session: myself.clone(), turn, started: Instant::now(), sent: false };
-        let task = tokio::spawn(async move {
-            let reply = stream_reply(model.as_ref(), request, &done.session, turn);
-            let result = tokio::time::timeout(limit, reply).await.unwrap_or(Err(ModelError::Timeout(limit)));
-            done.send(result);
-        });
+        // The run's span goes with the call: the model client's log lines name the run.
+        let task = tokio::spawn(
+            async move {
+                let reply = stream_reply(model.as_ref(), request, &done.session, turn);
+                let result = tokio::time::timeout(limit, reply).await.unwrap_or(Err(ModelError::Timeout(limit)));
+                done.send(result);
+            }
+            .instrument(tracing::Span::current()),
+        );
         live.model_task = Some(AbortOnDrop(task.abort_handle()));
         live.phase = Phase::Model { turn, synthesis };
     }

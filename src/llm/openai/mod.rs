@@ -6,6 +6,12 @@
 //! connect, first byte (until the response head), and idle (between two body
 //! chunks). Dropping the stream (a cancelled run) closes the connection. The API
 //! key is kept in a [`Secret`] and scrubbed from every error message.
+//!
+//! A reply is bounded by `max_body_bytes` as it streams in, and the body, its
+//! buffer and the concurrency slot are given back as soon as it is complete or
+//! has failed. Each retry is logged (WARN: provider, model, the status or error,
+//! the attempt and the delay), and so is a request that failed for good (WARN, or
+//! ERROR when retrying could not help) and a reply cut mid-stream.
 
 mod retry;
 pub mod wire;
@@ -21,6 +27,7 @@ use bytes::Bytes;
 use futures::stream::{self, BoxStream, StreamExt};
 use serde_json::Value;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tracing::{error, warn};
 use troupe_actors::llm::{ChatRequest, ModelChunk, ModelClient, ModelError, ModelStream};
 use troupe_actors::metrics;
 
@@ -68,7 +75,10 @@ pub struct ProviderSettings {
     pub max_concurrency: usize,
     /// Requests that may wait for a slot; more fail with `Overloaded`.
     pub queue_limit: usize,
-    /// Largest response body accepted, in bytes.
+    /// Largest reply accepted, in bytes: its text, reasoning and tool calls plus
+    /// the part of the body not yet read (a whole body when not streaming). It is
+    /// checked as the reply streams in; a reply over it fails with
+    /// `ModelError::Decode`.
     pub max_body_bytes: usize,
     /// Retries.
     pub retry: RetryPolicy,
@@ -235,14 +245,43 @@ impl ModelClient for OpenAiModel {
 
     async fn chat(&self, request: ChatRequest) -> Result<ModelStream, ModelError> {
         let started = Instant::now();
-        let permit = self.provider.admit().await?;
+        let provider = &self.provider.settings;
+        let permit = match self.provider.admit().await {
+            Ok(permit) => permit,
+            Err(error) => {
+                let model = &self.settings.name;
+                warn!(provider = %provider.name, %model, %error, "model request refused: the provider's queue is full");
+                return Err(error);
+            }
+        };
         let body = wire::request_body(&request, &self.settings.id, self.settings.stream);
-        let on_retry =
-            |error: &ModelError, _delay: Duration| metrics::model_retry(&self.settings.name, retry_reason(error));
-        let response = with_retries(&self.provider.settings.retry, |_| self.send(&body), on_retry).await?;
+        // The attempts retried; the one that ended the loop came after them.
+        let mut retried = 0;
+        let on_retry = |error: &ModelError, number: u32, delay: Duration| {
+            retried = number;
+            metrics::model_retry(&self.settings.name, retry_reason(error));
+            warn!(
+                provider = %provider.name,
+                model = %self.settings.name,
+                %error,
+                attempt = number,
+                max_attempts = provider.retry.max_attempts,
+                delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+                "model request failed; retrying"
+            );
+        };
+        let response = match with_retries(&provider.retry, |_| self.send(&body), on_retry).await {
+            Ok(response) => response,
+            Err(error) => {
+                self.log_failure(&error, retried + 1, started);
+                return Err(error);
+            }
+        };
+        drop(body);
         let reading = Reading {
-            body: response.bytes_stream().boxed(),
+            body: Some(response.bytes_stream().boxed()),
             buffer: Vec::new(),
+            searched: 0,
             accumulator: Accumulator::default(),
             pending: VecDeque::new(),
             // Tools listed with tool choice `none` (the synthesis turn) may not be
@@ -253,7 +292,7 @@ impl ModelClient for OpenAiModel {
             model: self.settings.clone(),
             started,
             ended: false,
-            _permit: permit,
+            permit: Some(permit),
         };
         Ok(Box::pin(stream::unfold(reading, |mut reading| async move {
             let item = reading.next().await?;
@@ -262,10 +301,36 @@ impl ModelClient for OpenAiModel {
     }
 }
 
+impl OpenAiModel {
+    /// Logs a request that failed for good: ERROR when retrying could never help
+    /// (a rejected key, an unknown model, a spent quota: the configuration must
+    /// change), WARN for a provider that stayed down, slow or overloaded.
+    fn log_failure(&self, error: &ModelError, attempts: u32, started: Instant) {
+        let provider = &self.provider.settings.name;
+        let model = &self.settings.name;
+        let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        if error.is_transient() || matches!(error, ModelError::Timeout(_)) {
+            warn!(%provider, %model, %error, attempts, elapsed_ms, "model request failed after its retries");
+        } else {
+            error!(%provider, %model, %error, attempts, elapsed_ms, "model request failed; retrying cannot help");
+        }
+    }
+}
+
+/// Kept at most between two pieces of a streamed body once its events are read:
+/// one large event must not keep its buffer for the rest of the reply.
+const KEEP_BUFFER: usize = 64 * 1024;
+
 /// A response body being read into chunks; holds the concurrency slot until done.
+/// Everything it holds is given back once the reply is complete or has failed,
+/// even if the caller keeps the stream.
 struct Reading {
-    body: BoxStream<'static, reqwest::Result<Bytes>>,
+    /// `None` once the reply is over: the connection goes back to the pool.
+    body: Option<BoxStream<'static, reqwest::Result<Bytes>>>,
+    /// Bytes not yet read as events (the whole body, when not streaming).
     buffer: Vec<u8>,
+    /// How much of `buffer` is known to hold no event boundary.
+    searched: usize,
     accumulator: Accumulator,
     pending: VecDeque<ModelChunk>,
     offered: Vec<String>,
@@ -274,7 +339,8 @@ struct Reading {
     model: ModelSettings,
     started: Instant,
     ended: bool,
-    _permit: OwnedSemaphorePermit,
+    /// The provider's concurrency slot, given back when the reply is over.
+    permit: Option<OwnedSemaphorePermit>,
 }
 
 impl Reading {
@@ -283,11 +349,9 @@ impl Reading {
             if let Some(chunk) = self.pending.pop_front() {
                 return Some(Ok(chunk));
             }
-            if self.ended {
-                return None;
-            }
+            let body = self.body.as_mut()?;
             let settings = &self.provider.settings;
-            let piece = match tokio::time::timeout(settings.idle_timeout, self.body.next()).await {
+            let piece = match tokio::time::timeout(settings.idle_timeout, body.next()).await {
                 Err(_) => return self.fail(ModelError::Timeout(settings.idle_timeout)),
                 Ok(Some(Err(error))) => {
                     return self.fail(ModelError::Transport(self.provider.scrub(&error.without_url().to_string())));
@@ -295,64 +359,77 @@ impl Reading {
                 Ok(Some(Ok(piece))) => piece,
                 Ok(None) => return self.end_of_body(),
             };
-            // Carriage returns only end lines in an event stream (JSON escapes its
-            // own); dropping them leaves one event separator: a blank line.
-            let piece: Vec<u8> =
-                if self.stream { piece.iter().copied().filter(|b| *b != b'\r').collect() } else { piece.to_vec() };
-            // The bound is on what is kept: the unparsed tail and the reply so far
-            // (a long stream's framing does not count against it).
-            if self.buffer.len() + piece.len() + self.accumulator.size() > settings.max_body_bytes {
-                let limit = settings.max_body_bytes;
-                return self.fail(ModelError::Decode(format!("the response is larger than {limit} bytes")));
+            // The bound is on what the reply costs: the unparsed tail and the reply
+            // so far, its reasoning included (a long stream's framing does not count
+            // against it). It is checked before the piece is kept: a reply over it
+            // fails as soon as it is, whatever its size.
+            let limit = settings.max_body_bytes;
+            if self.buffer.len() + piece.len() + self.accumulator.size() > limit {
+                return self.fail(ModelError::Decode(format!(
+                    "the reply is larger than {limit} bytes (the provider's max_body_bytes)"
+                )));
             }
-            self.buffer.extend_from_slice(&piece);
-            if self.stream
-                && let Err(error) = self.take_events()
-            {
-                return self.fail(error);
+            if self.stream {
+                // Carriage returns only end lines in an event stream (JSON escapes
+                // its own); dropping them leaves one event separator: a blank line.
+                for part in piece.split(|byte| *byte == b'\r') {
+                    self.buffer.extend_from_slice(part);
+                }
+                if let Err(error) = self.take_events() {
+                    return self.fail(error);
+                }
+            } else {
+                self.buffer.extend_from_slice(&piece);
             }
         }
     }
 
-    /// Folds the complete events of the buffer in.
+    /// Folds the complete events of the buffer in, and drops them from it.
     fn take_events(&mut self) -> Result<(), ModelError> {
-        let Some(end) = self.buffer.windows(2).rposition(|pair| pair == b"\n\n") else { return Ok(()) };
-        let complete: Vec<u8> = self.buffer.drain(..end + 2).collect();
-        let mut text = String::from_utf8_lossy(&complete).into_owned();
-        for payload in wire::drain_events(&mut text) {
-            if payload.trim() == "[DONE]" {
-                self.finish();
-                return Ok(());
+        let Some(end) = wire::last_event_end(&self.buffer, self.searched) else {
+            self.searched = self.buffer.len();
+            return Ok(());
+        };
+        let mut done = false;
+        let mut result = Ok(());
+        for payload in wire::event_payloads(&self.buffer[..end]) {
+            if payload.trim_ascii() == b"[DONE]" {
+                done = true;
+                break;
             }
-            let chunk: Value = serde_json::from_str(&payload)
-                .map_err(|error| ModelError::Decode(format!("a stream chunk is not JSON: {error}")))?;
-            let vendor_error = (chunk.get("object").and_then(Value::as_str) == Some("error")).then_some(&chunk);
-            if let Some(error) = chunk.get("error").or(vendor_error) {
-                return Err(ModelError::Decode(format!(
-                    "the provider reported: {}",
-                    self.provider.scrub(&error.to_string())
-                )));
-            }
-            for delta in self.accumulator.push_chunk(&chunk) {
-                self.pending.push_back(ModelChunk::Delta(delta));
+            result = fold_chunk(&mut self.accumulator, &mut self.pending, &self.provider, &payload);
+            if result.is_err() {
+                break;
             }
         }
-        Ok(())
+        self.buffer.drain(..end);
+        // What is left is an event's beginning, with no boundary in it.
+        self.searched = self.buffer.len();
+        if self.buffer.capacity() > KEEP_BUFFER && self.buffer.len() <= KEEP_BUFFER / 2 {
+            self.buffer.shrink_to(KEEP_BUFFER);
+        }
+        if done {
+            self.finish();
+        }
+        result
     }
 
     fn end_of_body(&mut self) -> Option<Result<ModelChunk, ModelError>> {
         if !self.stream {
-            let response: Value = match serde_json::from_slice(&self.buffer) {
-                Ok(response) => response,
+            let body = std::mem::take(&mut self.buffer);
+            let response: Result<Value, _> = serde_json::from_slice(&body);
+            // The raw body is not needed once parsed.
+            drop(body);
+            match response {
+                Ok(response) => self.accumulator.push_response(response),
                 Err(error) => return self.fail(ModelError::Decode(format!("the response is not JSON: {error}"))),
-            };
-            self.accumulator.push_response(&response);
+            }
             if !self.accumulator.finished {
                 return self.fail(ModelError::Decode("the response has no choices".to_owned()));
             }
         } else {
             // A last event without its blank line still counts.
-            if !self.ended && !self.buffer.is_empty() {
+            if !self.buffer.is_empty() {
                 self.buffer.extend_from_slice(b"\n\n");
                 if let Err(error) = self.take_events() {
                     return self.fail(error);
@@ -379,7 +456,7 @@ impl Reading {
         if self.ended {
             return;
         }
-        self.ended = true;
+        self.release();
         let accumulator = std::mem::take(&mut self.accumulator);
         let prices = (self.model.input_price_per_million, self.model.output_price_per_million);
         let reply = accumulator.finish(&self.offered, prices, "call");
@@ -400,10 +477,44 @@ impl Reading {
             self.finish();
             return self.next_pending();
         }
-        self.ended = true;
+        warn!(
+            provider = %self.provider.settings.name,
+            model = %self.model.name,
+            %error,
+            received_bytes = self.accumulator.size(),
+            elapsed_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            "model reply failed while streaming"
+        );
+        self.release();
+        self.accumulator = Accumulator::default();
         self.pending.clear();
         Some(Err(error))
     }
+
+    /// The reply is over: the body, the buffer and the concurrency slot go back.
+    fn release(&mut self) {
+        self.ended = true;
+        self.body = None;
+        self.buffer = Vec::new();
+        self.permit = None;
+    }
+}
+
+/// Folds one event's payload (a JSON chunk) into the reply; its deltas queue up.
+fn fold_chunk(
+    accumulator: &mut Accumulator,
+    pending: &mut VecDeque<ModelChunk>,
+    provider: &Provider,
+    payload: &[u8],
+) -> Result<(), ModelError> {
+    let chunk: Value = serde_json::from_slice(payload)
+        .map_err(|error| ModelError::Decode(format!("a stream chunk is not JSON: {error}")))?;
+    let vendor_error = (chunk.get("object").and_then(Value::as_str) == Some("error")).then_some(&chunk);
+    if let Some(error) = chunk.get("error").or(vendor_error) {
+        return Err(ModelError::Decode(format!("the provider reported: {}", provider.scrub(&error.to_string()))));
+    }
+    pending.extend(accumulator.push_chunk(chunk).into_iter().map(ModelChunk::Delta));
+    Ok(())
 }
 
 /// The metrics label of a retried error.

@@ -36,12 +36,13 @@ pub enum Attempt<T> {
     Fail(ModelError),
 }
 
-/// Runs `attempt` until it is done, fails for good, or the policy is exhausted.
-/// `on_retry` hears each retry with its delay (for metrics and tests).
+/// Runs `attempt` (given its number, from 1) until it is done, fails for good, or
+/// the policy is exhausted. `on_retry` hears each failed attempt that is retried,
+/// with its number and the delay before the next (for logs, metrics and tests).
 pub async fn with_retries<T, F, Fut>(
     policy: &RetryPolicy,
     mut attempt: F,
-    mut on_retry: impl FnMut(&ModelError, Duration),
+    mut on_retry: impl FnMut(&ModelError, u32, Duration),
 ) -> Result<T, ModelError>
 where
     F: FnMut(u32) -> Fut,
@@ -61,7 +62,7 @@ where
                 if started.elapsed().saturating_add(delay) > policy.max_total {
                     return Err(error);
                 }
-                on_retry(&error, delay);
+                on_retry(&error, number, delay);
                 tokio::time::sleep(delay).await;
                 number += 1;
             }
@@ -120,7 +121,7 @@ mod tests {
                     }
                 }
             },
-            |_, _| {},
+            |_, _, _| {},
         )
         .await;
         assert_eq!(result, Ok("ok"));
@@ -137,7 +138,7 @@ mod tests {
                 calls += 1;
                 async { Attempt::Retry { error: status(503), after: None } }
             },
-            |_, delay| assert!(delay <= Duration::from_secs(8)),
+            |_, _, delay| assert!(delay <= Duration::from_secs(8)),
         )
         .await;
         assert_eq!(result, Err(status(503)));
@@ -153,7 +154,7 @@ mod tests {
                 calls += 1;
                 async { Attempt::Retry { error: status(429), after: Some(Duration::from_secs(45)) } }
             },
-            |_, _| {},
+            |_, _, _| {},
         )
         .await;
         assert_eq!(result, Err(status(429)));

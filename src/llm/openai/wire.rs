@@ -2,7 +2,11 @@
 //! from streamed chunks (or one JSON body). Vendor fields the core cares about
 //! (`reasoning_content`, `reasoning`) are kept; tool calls whose id, name and
 //! argument fragments arrive split across chunks are assembled by index.
+//!
+//! A reply is held once: a chunk's text moves out of its parsed JSON into the
+//! delta shown to the run, and is copied only into the reply being assembled.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use serde_json::{Map, Value, json};
@@ -92,34 +96,40 @@ pub struct Accumulator {
     content: String,
     calls: BTreeMap<u64, PartialCall>,
     usage: Option<(u64, u64)>,
+    /// Bytes of reasoning streamed so far: not kept here, but every byte of it
+    /// is kept downstream (the run's events), so it counts against the limit.
+    reasoning: usize,
     /// Whether a chunk carried a `finish_reason`.
     pub finished: bool,
 }
 
 impl Accumulator {
-    /// Bytes of reply kept so far (text and tool-call arguments).
+    /// Bytes the reply has cost so far: its text, its reasoning, its tool calls.
     pub fn size(&self) -> usize {
-        self.content.len() + self.calls.values().map(|call| call.arguments.len() + call.name.len()).sum::<usize>()
+        let calls = self.calls.values().map(|call| call.id.len() + call.name.len() + call.arguments.len());
+        self.content.len() + self.reasoning + calls.sum::<usize>()
     }
 
-    /// Folds one streamed chunk in; returns the deltas to show as they come.
-    pub fn push_chunk(&mut self, chunk: &Value) -> Vec<ModelDelta> {
+    /// Folds one streamed chunk in; returns the deltas to show as they come (their
+    /// text moved out of `chunk`).
+    pub fn push_chunk(&mut self, mut chunk: Value) -> Vec<ModelDelta> {
         let mut deltas = Vec::new();
         if let Some(usage) = chunk.get("usage").filter(|usage| !usage.is_null()) {
             self.usage = Some(read_usage(usage));
         }
-        for choice in chunk.get("choices").and_then(Value::as_array).into_iter().flatten() {
+        for choice in chunk.get_mut("choices").and_then(Value::as_array_mut).into_iter().flatten() {
             if choice.get("finish_reason").is_some_and(|reason| !reason.is_null()) {
                 self.finished = true;
             }
-            let Some(delta) = choice.get("delta") else { continue };
-            if let Some(text) = delta.get("content").and_then(Value::as_str).filter(|t| !t.is_empty()) {
-                self.content.push_str(text);
-                deltas.push(ModelDelta::Text(text.to_owned()));
+            let Some(delta) = choice.get_mut("delta") else { continue };
+            if let Some(text) = take_text(delta, "content") {
+                self.content.push_str(&text);
+                deltas.push(ModelDelta::Text(text));
             }
             for key in ["reasoning_content", "reasoning"] {
-                if let Some(text) = delta.get(key).and_then(Value::as_str).filter(|t| !t.is_empty()) {
-                    deltas.push(ModelDelta::Reasoning(text.to_owned()));
+                if let Some(text) = take_text(delta, key) {
+                    self.reasoning += text.len();
+                    deltas.push(ModelDelta::Reasoning(text));
                 }
             }
             for call in delta.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
@@ -153,16 +163,17 @@ impl Accumulator {
         deltas
     }
 
-    /// Folds a whole non-streamed response in.
-    pub fn push_response(&mut self, response: &Value) {
+    /// Folds a whole non-streamed response in (its text moved out of `response`).
+    pub fn push_response(&mut self, mut response: Value) {
         if let Some(usage) = response.get("usage").filter(|usage| !usage.is_null()) {
             self.usage = Some(read_usage(usage));
         }
-        let Some(choice) = response.get("choices").and_then(Value::as_array).and_then(|c| c.first()) else { return };
+        let choice = response.get_mut("choices").and_then(Value::as_array_mut).and_then(|c| c.first_mut());
+        let Some(choice) = choice else { return };
         self.finished = true;
-        let Some(message) = choice.get("message") else { return };
-        if let Some(text) = message.get("content").and_then(Value::as_str) {
-            self.content.push_str(text);
+        let Some(message) = choice.get_mut("message") else { return };
+        if let Some(text) = take_text(message, "content") {
+            self.content.push_str(&text);
         }
         for (index, call) in message.get("tool_calls").and_then(Value::as_array).into_iter().flatten().enumerate() {
             let function = call.get("function");
@@ -203,6 +214,8 @@ impl Accumulator {
             })
             .collect();
         let mut content = self.content;
+        // The text grew by doubling: give back what it will never use.
+        content.shrink_to_fit();
         // Recovery only where calls are possible: never on a tool-free request.
         if tool_calls.is_empty() && !content.is_empty() && !offered.is_empty() {
             let found = recover::recover(&content, offered, id_prefix);
@@ -215,6 +228,14 @@ impl Accumulator {
         let (input_tokens, output_tokens) = self.usage.unwrap_or((0, 0));
         let cost_usd = (input_tokens as f64 * prices.0 + output_tokens as f64 * prices.1) / 1e6;
         ModelReply { content, tool_calls, usage: Usage { input_tokens, output_tokens, cost_usd }, decode_errors }
+    }
+}
+
+/// The non-empty string at `key` of `object`, moved out.
+fn take_text(object: &mut Value, key: &str) -> Option<String> {
+    match object.get_mut(key).map(Value::take) {
+        Some(Value::String(text)) if !text.is_empty() => Some(text),
+        _ => None,
     }
 }
 
@@ -231,25 +252,34 @@ fn read_usage(usage: &Value) -> (u64, u64) {
     (count("prompt_tokens"), count("completion_tokens"))
 }
 
-/// Splits a `text/event-stream` buffer into complete events' `data` payloads,
-/// leaving an incomplete tail in `buffer`.
-pub fn drain_events(buffer: &mut String) -> Vec<String> {
-    let mut payloads = Vec::new();
-    loop {
-        let boundary =
-            buffer.find("\n\n").map(|at| (at, 2)).into_iter().chain(buffer.find("\r\n\r\n").map(|at| (at, 4))).min();
-        let Some((at, width)) = boundary else { break };
-        let event: String = buffer.drain(..at + width).collect();
-        let data: Vec<&str> = event
-            .lines()
-            .filter_map(|line| line.strip_prefix("data:"))
-            .map(|data| data.strip_prefix(' ').unwrap_or(data))
-            .collect();
-        if !data.is_empty() {
-            payloads.push(data.join("\n"));
-        }
-    }
-    payloads
+/// The `data` payloads of the events in `events`: complete `text/event-stream`
+/// events, each ended by a blank line, carriage returns already removed. A
+/// payload borrows from `events` unless its event has several `data` lines.
+pub fn event_payloads(events: &[u8]) -> impl Iterator<Item = Cow<'_, [u8]>> {
+    events
+        .split(|byte| *byte == b'\n')
+        .scan(None::<Cow<'_, [u8]>>, |data, line| {
+            if line.is_empty() {
+                // A blank line ends an event (and an event without data is nothing).
+                return Some(data.take());
+            }
+            if let Some(value) = line.strip_prefix(b"data:") {
+                let value = value.strip_prefix(b" ").unwrap_or(value);
+                *data = Some(match data.take() {
+                    None => Cow::Borrowed(value),
+                    Some(earlier) => Cow::Owned([earlier.as_ref(), b"\n", value].concat()),
+                });
+            }
+            Some(None)
+        })
+        .flatten()
+}
+
+/// Where the last event of `buffer` ends (after its blank line), looking only
+/// from `from` on: the bytes before it were searched already.
+pub fn last_event_end(buffer: &[u8], from: usize) -> Option<usize> {
+    let from = from.saturating_sub(1).min(buffer.len());
+    buffer[from..].windows(2).rposition(|pair| pair == b"\n\n").map(|at| from + at + 2)
 }
 
 #[cfg(test)]
@@ -266,7 +296,7 @@ mod tests {
             json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": " \"x\"}"}}]}, "finish_reason": "tool_calls"}]}),
             json!({"choices": [], "usage": {"prompt_tokens": 1000000, "completion_tokens": 500000}}),
         ];
-        for chunk in &chunks {
+        for chunk in chunks {
             accumulator.push_chunk(chunk);
         }
         assert!(accumulator.finished);
@@ -287,7 +317,7 @@ mod tests {
             json!({"choices": [{"delta": {"tool_calls": [{"id": "c1", "function": {"name": "search", "arguments": ": 1}"}}]}}]}),
             json!({"choices": [{"delta": {"tool_calls": [{"function": {"arguments": ""}}]}, "finish_reason": "tool_calls"}]}),
         ] {
-            accumulator.push_chunk(&chunk);
+            accumulator.push_chunk(chunk);
         }
         let reply = accumulator.finish(&[], (0.0, 0.0), "c");
         assert_eq!(
@@ -300,7 +330,7 @@ mod tests {
     fn no_recovery_from_text_when_no_tool_is_offered() {
         let mut accumulator = Accumulator::default();
         let text = "The format is <tool_call>{\"name\": \"search\"}</tool_call>.";
-        accumulator.push_chunk(&json!({"choices": [{"delta": {"content": text}, "finish_reason": "stop"}]}));
+        accumulator.push_chunk(json!({"choices": [{"delta": {"content": text}, "finish_reason": "stop"}]}));
         let reply = accumulator.finish(&[], (0.0, 0.0), "c");
         assert!(reply.tool_calls.is_empty());
         assert_eq!(reply.content, text);
@@ -329,8 +359,27 @@ mod tests {
 
     #[test]
     fn events_are_split_on_blank_lines_and_partial_tails_wait() {
-        let mut buffer = "data: {\"a\":1}\n\n: comment\n\ndata: [DONE]\r\n\r\ndata: {\"b\"".to_owned();
-        assert_eq!(drain_events(&mut buffer), vec!["{\"a\":1}".to_owned(), "[DONE]".to_owned()]);
-        assert_eq!(buffer, "data: {\"b\"");
+        let buffer = b"data: {\"a\":1}\n\n: comment\n\nevent: x\ndata: [DONE]\n\ndata: {\"b\"";
+        let end = last_event_end(buffer, 0).unwrap();
+        assert_eq!(&buffer[end..], b"data: {\"b\"", "the partial tail waits");
+        let payloads: Vec<Cow<'_, [u8]>> = event_payloads(&buffer[..end]).collect();
+        assert_eq!(payloads, vec![Cow::Borrowed(&b"{\"a\":1}"[..]), Cow::Borrowed(&b"[DONE]"[..])]);
+        assert!(matches!(payloads[0], Cow::Borrowed(_)), "one data line is not copied");
+        let joined: Vec<Cow<'_, [u8]>> = event_payloads(b"data: {\"a\":\ndata: 1}\n\n").collect();
+        assert_eq!(joined, vec![Cow::Owned::<[u8]>(b"{\"a\":\n1}".to_vec())]);
+        assert_eq!(last_event_end(b"abc\n", 0), None);
+        assert_eq!(last_event_end(b"abc\n\nde", 4), Some(5), "a boundary across the searched part is found");
+    }
+
+    #[test]
+    fn reasoning_counts_toward_the_reply_size_and_text_is_moved_not_copied() {
+        let mut accumulator = Accumulator::default();
+        let deltas =
+            accumulator.push_chunk(json!({"choices": [{"delta": {"content": "abc", "reasoning_content": "12345"}}]}));
+        assert_eq!(deltas, vec![ModelDelta::Text("abc".into()), ModelDelta::Reasoning("12345".into())]);
+        assert_eq!(accumulator.size(), 8);
+        let mut response = Accumulator::default();
+        response.push_response(json!({"choices": [{"message": {"content": "whole"}}]}));
+        assert_eq!(response.finish(&[], (0.0, 0.0), "c").content, "whole");
     }
 }
