@@ -120,7 +120,7 @@ mod defaults {
         120.0
     }
     pub fn max_body_bytes() -> usize {
-        8 << 20
+        2 << 20
     }
     pub fn stream() -> bool {
         true
