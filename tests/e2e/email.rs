@@ -138,6 +138,7 @@ async fn the_email_assistant_answers_the_delivery_question_from_the_right_emails
     let requests = setup.model.requests();
     assert_eq!(requests.len(), 1, "one model call: the answer");
     assert_eq!(requests[0].tool_choice, troupe_actors::llm::ToolChoice::None);
+    assert!(requests[0].tools.is_empty(), "an answer before the model's first turn reads no tool definitions");
     let asked = requests[0].messages.last().unwrap();
     assert!(asked.role == Role::User && asked.content.contains(question), "the question, again: {}", asked.content);
     let results = setup.tool_results();
@@ -194,6 +195,11 @@ async fn an_approved_send_lands_in_the_outbox_exactly_once() {
     assert_eq!(outbox[0].draft_id, Some(1));
     assert_eq!(setup.mailbox.draft(1).await.unwrap().status, "sent");
     assert_eq!(setup.mailbox.thread(MEETING).await.unwrap().len(), 2, "the reply joins the thread");
+    // The report after the model's own draft keeps the tools its cached prompt holds.
+    let requests = setup.model.requests();
+    let report = requests.last().unwrap();
+    assert_eq!(report.tool_choice, troupe_actors::llm::ToolChoice::None);
+    assert!(!report.tools.is_empty(), "the model wrote the draft: the report reads the same tool definitions");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -82,6 +82,10 @@ impl Session {
             live.append_message(turn, Message::text(Role::System, note));
         }
         let step = if synthesis { None } else { steps::next(&live.agent.steps, &live.run.input, &live.conversation) };
+        // An answer step before the model has said anything in this run reads no
+        // tool definitions: it may call none, and no earlier prompt of the run is
+        // cached with them (only the runtime's steps came before).
+        let mut drop_tools = false;
         let forced = match step {
             Some(NextStep::Call { tool, args }) => {
                 // The runtime makes this turn's call; it is booked as the model's
@@ -98,10 +102,12 @@ impl Session {
                 if live.conversation.last().is_none_or(|last| last.role != Role::User || last.content != prompt) {
                     live.append_message(turn, Message::text(Role::User, prompt));
                 }
+                drop_tools = !live.conversation.iter().any(from_the_model);
                 Some(ToolChoice::None)
             }
             None => None,
         };
+        let tools = if drop_tools { Vec::new() } else { tools };
         let mut request = prompt::build_request(system, &live.conversation, tools, answer_now);
         if let Some(choice) = forced {
             request.tool_choice = choice;
@@ -324,6 +330,12 @@ async fn stream_reply(
         }
     }
     Err(ModelError::Incomplete)
+}
+
+/// Whether `message` is the model's own turn (not a call the runtime made for a step).
+fn from_the_model(message: &Message) -> bool {
+    message.role == Role::Assistant
+        && (message.tool_calls.is_empty() || !message.tool_calls.iter().all(|call| call.call_id.starts_with("step_")))
 }
 
 #[cfg(test)]
