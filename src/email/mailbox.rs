@@ -12,7 +12,6 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -241,7 +240,10 @@ impl Mailbox {
             std::fs::create_dir_all(parent)
                 .map_err(|error| MailboxError::Database(format!("cannot create {}: {error}", parent.display())))?;
         }
-        let options = SqliteConnectOptions::from_str(&format!("sqlite://{}", self.options.path.display()))?
+        // The file by name, not through a URL: a tenant's escaped name holds `%`,
+        // which a URL would decode.
+        let options = SqliteConnectOptions::new()
+            .filename(&self.options.path)
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .busy_timeout(Duration::from_secs(10));

@@ -307,3 +307,12 @@ async fn a_question_about_today_ranks_the_emails_that_name_today_first() {
     );
     assert_eq!(terms, ["\"28 February 2026\"", "\"2026 02 28\""]);
 }
+
+#[tokio::test]
+async fn a_tenant_whose_name_climbs_folders_gets_its_own_mailbox_inside_the_data_dir() {
+    let temp = temp_mailbox(true);
+    let odd = temp.mailboxes.of("../../etc");
+    assert_eq!(odd.count().await.unwrap(), 17, "opened and seeded");
+    assert!(odd.path().starts_with(temp.dir.join("tenants")), "{}", odd.path().display());
+    assert!(odd.path().exists(), "the file is where its path says, not where a decoded URL would put it");
+}
