@@ -123,14 +123,9 @@ impl Actor for Reviewer {
         _state: &mut (),
     ) -> Result<(), ActorProcessingErr> {
         match message {
-            ReviewerMsg::Review { kind: ReviewerKind::RuleBased, input, reply, .. } => {
-                let review = rule_based(&input);
-                reply.send(review);
-            }
-            ReviewerMsg::Review { input, reply, .. } if input.ended.is_some() => {
-                let review = rule_based(&input);
-                reply.send(review);
-            }
+            ReviewerMsg::Review { kind: ReviewerKind::RuleBased, input, reply, .. } => reply.send(rule_based(&input)),
+            // A turn cut short is judged by the rules whatever the agent's reviewer.
+            ReviewerMsg::Review { input, reply, .. } if input.ended.is_some() => reply.send(rule_based(&input)),
             ReviewerMsg::Review { kind: ReviewerKind::Model { model }, agent_model, input, reply } => {
                 let name = model.or(agent_model);
                 let Some(client) = self.models.get(name.as_deref()) else {

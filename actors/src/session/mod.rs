@@ -314,8 +314,9 @@ impl Session {
                 // The model call is dropped: the turn asks again on the next start.
                 live.model_task = None;
             }
-            SessionMsg::ToolDone(result) => self.book_draining(live, vec![*result]),
-            SessionMsg::ToolResults(inbox) => self.book_draining(live, inbox.take()),
+            // Booked only: the turn goes on after the next start.
+            SessionMsg::ToolDone(result) => drop(self.book_results(live, vec![*result], true)),
+            SessionMsg::ToolResults(inbox) => drop(self.book_results(live, inbox.take(), true)),
             SessionMsg::SubRunSpent { usage } => {
                 live.run.usage.add(&usage);
                 live.outbox.write(StoreWrite::Progress { turn: live.run.turn, usage: live.run.usage });

@@ -50,10 +50,22 @@ impl Session {
         live: &mut Live,
         results: Vec<ToolResult>,
     ) -> Result<(), ActorProcessingErr> {
+        if !self.book_results(live, results, false) {
+            return Ok(());
+        }
+        self.advance_tools(myself, live).await
+    }
+
+    /// Books the results that belong to the turn's calls still unanswered (also
+    /// while it is parked, if `parked_too`); returns whether any was. Nothing
+    /// more: the caller decides what follows (at shutdown, nothing).
+    pub(super) fn book_results(&self, live: &mut Live, results: Vec<ToolResult>, parked_too: bool) -> bool {
         let mut booked = false;
         for result in results {
-            let Phase::Tools(tools) = &mut live.phase else {
-                return Ok(());
+            let tools = match &mut live.phase {
+                Phase::Tools(tools) => tools,
+                Phase::WaitingInput(tools) if parked_too => tools,
+                _ => return booked,
             };
             if tools.turn != result.turn || tools.results.get(result.index).is_none_or(Option::is_some) {
                 continue;
@@ -62,25 +74,7 @@ impl Session {
             self.record_result(live, result);
             booked = true;
         }
-        if !booked {
-            return Ok(());
-        }
-        self.advance_tools(myself, live).await
-    }
-
-    /// Books the results of calls that ended while the runtime shuts down, and
-    /// nothing more: the turn goes on after the next start.
-    pub(super) fn book_draining(&self, live: &mut Live, results: Vec<ToolResult>) {
-        for result in results {
-            let (Phase::Tools(tools) | Phase::WaitingInput(tools)) = &mut live.phase else {
-                return;
-            };
-            if tools.turn != result.turn || tools.results.get(result.index).is_none_or(Option::is_some) {
-                continue;
-            }
-            tools.in_flight = tools.in_flight.saturating_sub(1);
-            self.record_result(live, result);
-        }
+        booked
     }
 
     /// Books a finished call: its events, record, message and documents.

@@ -51,17 +51,8 @@ impl Session {
             Phase::Tools(tools) => tools.results.iter().flatten().cloned().collect(),
             _ => Vec::new(),
         };
-        let input = Arc::new(ReviewInput {
-            turn,
-            request: live.run.input.clone(),
-            plan: live.plan.clone(),
-            calls,
-            final_answer: final_answer.clone(),
-            blocked_tools: live.ledger.blocked_tools(turn + 1),
-            synthesis,
-            ungrounded: live.agent.grounded && !live.ledger.any_success(&live.agent.tools),
-            ended: None,
-        });
+        let input =
+            Arc::new(ReviewInput { final_answer: final_answer.clone(), synthesis, ..review_input(live, turn, calls) });
         live.phase = Phase::Review { turn, final_answer, synthesis };
         let session = myself.clone();
         let reply = ReviewReply::new(input.clone(), move |review| {
@@ -217,17 +208,7 @@ impl Session {
                 .collect(),
             _ => Vec::new(),
         };
-        let input = Arc::new(ReviewInput {
-            turn,
-            request: live.run.input.clone(),
-            plan: live.plan.clone(),
-            calls,
-            final_answer: None,
-            blocked_tools: live.ledger.blocked_tools(turn + 1),
-            synthesis: false,
-            ungrounded: live.agent.grounded && !live.ledger.any_success(&live.agent.tools),
-            ended: Some(why),
-        });
+        let input = Arc::new(ReviewInput { ended: Some(why), ..review_input(live, turn, calls) });
         let (send, receive) = tokio::sync::oneshot::channel();
         let reply = ReviewReply::new(input.clone(), move |review| {
             let _ = send.send(review);
@@ -248,6 +229,22 @@ impl Session {
         };
         book_review(live, turn, &review);
         end_turn(live, turn);
+    }
+}
+
+/// What the reviewer sees of `turn` with `calls`: no answer, not the synthesis
+/// turn, not cut short (callers set what differs).
+fn review_input(live: &Live, turn: u32, calls: Vec<CallSummary>) -> ReviewInput {
+    ReviewInput {
+        turn,
+        request: live.run.input.clone(),
+        plan: live.plan.clone(),
+        calls,
+        final_answer: None,
+        blocked_tools: live.ledger.blocked_tools(turn + 1),
+        synthesis: false,
+        ungrounded: live.agent.grounded && !live.ledger.any_success(&live.agent.tools),
+        ended: None,
     }
 }
 
