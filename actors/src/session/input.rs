@@ -112,9 +112,7 @@ impl Session {
         if approved {
             tools.approved.push(index);
         }
-        if let Phase::WaitingInput(tools) = std::mem::replace(&mut live.phase, Phase::Idle) {
-            live.phase = Phase::Tools(tools);
-        }
+        live.phase.unpark();
         if live.run.status == RunStatus::WaitingInput {
             live.run.status = RunStatus::Running;
             live.outbox.write(StoreWrite::Status { status: RunStatus::Running, reason: None });
@@ -210,9 +208,7 @@ impl Session {
         // A run waiting for a human holds no admission slot: a parked run must
         // not keep other runs out. Input gives it one again.
         release_slot(myself, live.run.run_id);
-        if let Phase::Tools(tools) = std::mem::replace(&mut live.phase, Phase::Idle) {
-            live.phase = Phase::WaitingInput(tools);
-        }
+        live.phase.park();
         live.outbox.flush(&self.shared).await?;
         Ok(())
     }

@@ -229,11 +229,11 @@ impl Session {
             self.record_result(live, result);
         }
         if live.run.status == RunStatus::WaitingInput
-            && let Phase::Tools(mut tools) = std::mem::replace(&mut live.phase, Phase::Idle)
+            && let Phase::Tools(tools) = &mut live.phase
         {
             // Every call is answered, asked or awaiting approval: none to walk again.
             tools.next = tools.calls.len();
-            live.phase = Phase::WaitingInput(tools);
+            live.phase.park();
             return Ok(());
         }
         self.advance_tools(myself, live).await

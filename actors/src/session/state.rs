@@ -101,6 +101,25 @@ pub(super) enum Phase {
     Finished,
 }
 
+impl Phase {
+    /// A parked turn goes on; any other phase stays as it is (a decision may
+    /// come while an approved call of the same turn still runs).
+    pub(super) fn unpark(&mut self) {
+        *self = match std::mem::replace(self, Phase::Idle) {
+            Phase::WaitingInput(tools) => Phase::Tools(tools),
+            other => other,
+        };
+    }
+
+    /// A turn with tool calls parks for a human; any other phase stays as it is.
+    pub(super) fn park(&mut self) {
+        *self = match std::mem::replace(self, Phase::Idle) {
+            Phase::Tools(tools) => Phase::WaitingInput(tools),
+            other => other,
+        };
+    }
+}
+
 /// The tool calls of one turn.
 pub(super) struct ToolTurn {
     pub(super) turn: u32,

@@ -134,6 +134,8 @@ impl Tool for LedgerTool {
 pub struct GatedTool {
     /// Where its calls write.
     pub ledger: LedgerTool,
+    /// If set, each call takes a permit before it writes (a call held running).
+    pub hold: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 #[async_trait]
@@ -151,6 +153,9 @@ impl Tool for GatedTool {
         true
     }
     async fn call(&self, context: ToolContext, args: Value) -> Result<ToolOutput, ToolError> {
+        if let Some(hold) = &self.hold {
+            let _permit = hold.acquire().await;
+        }
         self.ledger.call(context, args).await
     }
 }

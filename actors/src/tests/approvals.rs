@@ -152,3 +152,44 @@ async fn a_call_awaiting_approval_survives_a_restart() {
     assert_eq!(record.status, RunStatus::Succeeded);
     assert_eq!(gate.ledger.lines.lock().unwrap().len(), 1);
 }
+
+/// A decision that comes while an approved call of the same turn still runs
+/// keeps the turn: the running call's result is booked and the run goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_while_an_approved_call_still_runs_keeps_the_turn() {
+    let hold = Arc::new(tokio::sync::Semaphore::new(0));
+    let gate = GatedTool { hold: Some(hold.clone()), ..GatedTool::default() };
+    let model = ScriptedModel::per_turn(vec![
+        calls(&[("pay", json!({"entry": "a"})), ("pay", json!({"entry": "b"}))]),
+        text("Paid a, not b."),
+    ]);
+    let mut setup = Setup::new(model);
+    setup.extra_tools = vec![Arc::new(gate.clone())];
+    let harness = setup.start().await;
+    let run_id = harness.submit("pay a and b").await;
+    let mut events = harness.runtime.subscribe(run_id, 0);
+    wait_for(&mut events, |kind| matches!(kind, EventKind::WaitingInput { .. })).await;
+    let decide = |call_id: &str, approved: bool| RunInput::Approval {
+        call_id: Some(call_id.to_owned()),
+        approved,
+        reason: None,
+    };
+
+    harness.runtime.input(run_id, decide("pay_0", true)).await.unwrap();
+    wait_for(&mut events, |kind| matches!(kind, EventKind::ToolCallStart { call_id, .. } if call_id == "pay_0")).await;
+    // pay_0 is held running while the second decision comes.
+    harness.runtime.input(run_id, decide("pay_1", false)).await.unwrap();
+    hold.add_permits(1);
+    let (record, all) = harness.finish(run_id).await;
+    assert_eq!(record.status, RunStatus::Succeeded);
+    assert_eq!(record.final_output.as_deref(), Some("Paid a, not b."));
+    assert_eq!(gate.ledger.lines.lock().unwrap().len(), 1, "the approved call ran once");
+    let ended: Vec<(&str, CallStatus)> = all
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::ToolCallEnd { call_id, status, .. } => Some((call_id.as_str(), *status)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ended, [("pay_0", CallStatus::Completed)]);
+}
