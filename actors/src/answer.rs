@@ -2,7 +2,8 @@
 //! small model continues whatever it read last, so it may copy the runtime's own
 //! text (a review, a note) or write a tool call as plain text. Such a reply is
 //! never a run's final output: the reviewer sends it back, and a run that ends
-//! with nothing else fails with `no_answer` instead of succeeding.
+//! with nothing else fails with `no_answer` instead of succeeding. So is a reply
+//! that only repeats the request (a small model echoes the question it read last).
 
 use serde_json::Value;
 
@@ -26,6 +27,7 @@ const RUNTIME_MARKERS: &[&str] = &[
     "skipped (duplicate)",
     "identical call already succeeded",
     "its result was:",
+    "Go on: call a tool if more is needed",
 ];
 
 /// Why `text` is not an answer: `"runtime text"` or `"a tool call written as
@@ -42,6 +44,31 @@ pub fn not_an_answer(text: &str) -> Option<&'static str> {
         return Some("a tool call written as text");
     }
     None
+}
+
+/// Why `answer` does not answer `request`: as `not_an_answer`, or `"the request
+/// repeated"` when it is the request with little around it, or twice.
+pub fn not_an_answer_to(request: &str, answer: &str) -> Option<&'static str> {
+    not_an_answer(answer).or_else(|| repeats(request, answer).then_some("the request repeated"))
+}
+
+/// Whether `answer` is the request again (words compared, case and punctuation
+/// aside): all of it with little else, or twice.
+fn repeats(request: &str, answer: &str) -> bool {
+    let plain = |text: &str| -> String {
+        let kept: String =
+            text.chars().map(|c| if c.is_alphanumeric() { c.to_ascii_lowercase() } else { ' ' }).collect();
+        kept.split_whitespace().collect::<Vec<_>>().join(" ")
+    };
+    let (request, answer) = (plain(request), plain(answer));
+    if request.is_empty() || answer.is_empty() {
+        return false;
+    }
+    match answer.matches(&request).count() {
+        0 => false,
+        1 => answer.len() <= request.len() + request.len() / 5 + 12,
+        _ => true,
+    }
 }
 
 /// Whether `text` opens an object with a `"name"` that `"arguments"` follow:
@@ -89,6 +116,23 @@ mod tests {
         assert_eq!(not_an_answer("Review of turn 2 by the runtime (not the user): proceed."), Some("runtime text"));
         let skip = "skipped (duplicate): identical call already succeeded as call json18_0 in turn 1";
         assert_eq!(not_an_answer(skip), Some("runtime text"));
+    }
+
+    #[test]
+    fn the_request_repeated_is_not_an_answer() {
+        let asked = "Am I expecting any deliveries today?";
+        assert_eq!(not_an_answer_to(asked, "Am I expecting any deliveries today?"), Some("the request repeated"));
+        assert_eq!(not_an_answer_to(asked, "am I expecting any deliveries today"), Some("the request repeated"));
+        let twice = format!("Your question \"{asked}\" was answered: 1. \"{asked}\"");
+        assert_eq!(not_an_answer_to(asked, &twice), Some("the request repeated"));
+        assert_eq!(not_an_answer_to(asked, "Yes: your books (LB-55821) arrive by 8 pm [1]."), None);
+        assert_eq!(not_an_answer_to("Is it spam? Answer yes or no.", "Yes."), None, "a part is an answer");
+        assert_eq!(not_an_answer_to("echo alpha and beta", "alpha and beta"), None);
+        assert_eq!(
+            not_an_answer_to(asked, "Question: am I expecting any deliveries today?"),
+            Some("the request repeated")
+        );
+        assert_eq!(not_an_answer_to(asked, "Go on: call a tool if more is needed; otherwise"), Some("runtime text"));
     }
 
     #[test]

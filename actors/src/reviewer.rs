@@ -267,7 +267,7 @@ fn recommend(input: &ReviewInput, completed: usize, hard: usize) -> (Recommendat
         Some(answer) if answer.trim().is_empty() => {
             (Recommendation::GatherMore, action("write a non-empty answer to the request"))
         }
-        Some(answer) => match crate::answer::not_an_answer(answer) {
+        Some(answer) => match crate::answer::not_an_answer_to(&input.request, answer) {
             Some(why) => (
                 Recommendation::GatherMore,
                 vec![format!("that reply is {why}, not an answer: answer the request in plain words")],

@@ -32,6 +32,9 @@ const SCHEMA: &str = include_str!("schema.sql");
 /// Folders a search skips unless asked for by name.
 const HIDDEN_FOLDERS: [&str; 2] = ["spam", "trash"];
 
+/// By relevance, the weakest match kept, as a share of the best one's score.
+const WEAKEST_MATCH: f64 = 0.4;
+
 /// Why a mailbox operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum MailboxError {
@@ -292,7 +295,15 @@ impl Mailbox {
         }
         let mut terms = fts_terms(&query.text);
         terms.extend(day_terms(&query.text, Local::now().date_naive()));
-        let mut sql = String::from("SELECT e.* FROM emails e");
+        let relevance = query.by_relevance && !terms.is_empty();
+        let mut sql = String::from(if relevance {
+            // Mail filed as spam or trash counts half as relevant as real mail (bm25
+            // scores are negative: lower is better).
+            "SELECT e.*, bm25(emails_fts, 4.0, 1.0, 2.0, 1.0) \
+             * (CASE WHEN e.folder IN ('spam', 'trash') THEN 0.5 ELSE 1.0 END) AS score FROM emails e"
+        } else {
+            "SELECT e.* FROM emails e"
+        });
         let mut binds: Vec<String> = Vec::new();
         let mut conditions: Vec<String> = Vec::new();
         if !terms.is_empty() {
@@ -328,14 +339,7 @@ impl Mailbox {
             sql.push_str(" WHERE ");
             sql.push_str(&conditions.join(" AND "));
         }
-        let relevance = query.by_relevance && !terms.is_empty();
-        sql.push_str(if relevance {
-            // Mail filed as spam or trash counts half as relevant as real mail (bm25
-            // scores are negative: lower is better).
-            " ORDER BY bm25(emails_fts, 4.0, 1.0, 2.0, 1.0) * (CASE WHEN e.folder IN ('spam', 'trash') THEN 0.5 ELSE 1.0 END)"
-        } else {
-            " ORDER BY e.date DESC"
-        });
+        sql.push_str(if relevance { " ORDER BY score" } else { " ORDER BY e.date DESC" });
         sql.push_str(" LIMIT ?");
         // Every value is bound; the text holds only fixed fragments chosen above.
         let mut statement = sqlx::query(sqlx::AssertSqlSafe(sql));
@@ -343,6 +347,18 @@ impl Mailbox {
             statement = statement.bind(bind);
         }
         let rows = statement.bind(i64::from(query.limit.max(1))).fetch_all(pool).await?;
+        if relevance {
+            // By relevance, a match far weaker than the best is left out: it only
+            // shares a common word with the request, and would crowd the answer.
+            let scores: Vec<f64> = rows.iter().map(|row| row.try_get("score")).collect::<Result<_, _>>()?;
+            let best = scores.first().copied().unwrap_or_default();
+            return rows
+                .iter()
+                .zip(scores)
+                .filter(|(_, score)| *score <= best * WEAKEST_MATCH)
+                .map(|(row, _)| email(row))
+                .collect();
+        }
         rows.iter().map(email).collect()
     }
 

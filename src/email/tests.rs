@@ -288,11 +288,13 @@ async fn a_question_about_today_ranks_the_emails_that_name_today_first() {
         ..SearchQuery::default()
     };
     let found = temp.mailbox.search(&question).await.unwrap();
-    let found = ids(&found);
-    let mut first_two = found[..2].to_vec();
-    first_two.sort_unstable();
-    // Both name today's date: one is out for delivery today, one is due today (it was sent yesterday).
-    assert_eq!(first_two, ["ship-a10482@northwind-shop.example", "ship-lb55821@lumenbooks.example"], "{found:?}");
+    let mut found = ids(&found);
+    found.sort_unstable();
+    // Both name today's date: one is out for delivery today, one is due today (it
+    // was sent yesterday). Matches far weaker than the best are left out.
+    assert_eq!(found, ["ship-a10482@northwind-shop.example", "ship-lb55821@lumenbooks.example"]);
+    let by_date = temp.mailbox.search(&SearchQuery { by_relevance: false, ..question.clone() }).await.unwrap();
+    assert!(by_date.len() > found.len(), "newest first, no match left out: {}", by_date.len());
     let scam = SearchQuery {
         text: "I got an email saying a parcel is on hold until I pay a customs fee. Is it legitimate?".into(),
         ..question.clone()
@@ -301,6 +303,15 @@ async fn a_question_about_today_ranks_the_emails_that_name_today_first() {
     // matches the question best still leads.
     let scam = temp.mailbox.search(&scam).await.unwrap();
     assert_eq!(ids(&scam)[0], "parcel-fee-2291@secure-delivery-alerts.example");
+    // The model reads the verdict with the email; an email alone in its thread
+    // does not repeat its id as the thread's.
+    let tools = tools(&temp, ScriptedModel::queue(vec![]));
+    let args = json!({"query": "parcel customs fee on hold", "folder": "all", "sort": "relevance"});
+    let shown = call(&tools, "search_emails", args).await.unwrap();
+    assert_eq!(shown["emails"][0]["warning"], "filed as spam: not real mail, most likely a scam");
+    assert!(shown["emails"][0].get("thread_id").is_none(), "{}", shown["emails"][0]);
+    let real = call(&tools, "search_emails", json!({"query": "LB-55821"})).await.unwrap();
+    assert!(real["emails"][0].get("warning").is_none());
     let terms = super::mailbox::day_terms_for_test(
         "what came yesterday?",
         chrono::NaiveDate::from_ymd_opt(2026, 3, 1).unwrap(),

@@ -57,13 +57,19 @@ fn snippet(text: &str, chars: usize) -> String {
 fn email_json(email: &Email, full_body: bool) -> Value {
     let mut value = json!({
         "id": email.id,
-        "thread_id": email.thread_id,
         "folder": email.folder,
         "from": email.from,
         "to": email.to,
         "date": email.date.format("%Y-%m-%d %H:%M %:z").to_string(),
         "subject": email.subject,
     });
+    // A thread of its own is the common case: its id would only repeat the email's.
+    if email.thread_id != email.id {
+        value["thread_id"] = json!(email.thread_id);
+    }
+    if email.folder == "spam" {
+        value["warning"] = json!("filed as spam: not real mail, most likely a scam");
+    }
     if full_body {
         value["body"] = json!(email.body);
     } else {

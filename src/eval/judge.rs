@@ -181,7 +181,7 @@ fn check_tools(expect: &Expect, outcome: &Outcome, failures: &mut Vec<String>) {
 pub fn not_an_answer(answer: &str) -> Option<&'static str> {
     static RUNTIME_TEXT: LazyLock<Regex> = LazyLock::new(|| {
         case_insensitive(
-            r"the run so far|updated every turn|todo_write changes the plan|review of turn \d+|by the runtime \(not the user\)|</?plan>|</?available_tools>|skipped \(duplicate\)|identical call already succeeded",
+            r"the run so far|updated every turn|todo_write changes the plan|review of turn \d+|by the runtime \(not the user\)|</?plan>|</?available_tools>|skipped \(duplicate\)|identical call already succeeded|go on: call a tool if more is needed",
         )
         .expect("a valid pattern")
     });

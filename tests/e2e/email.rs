@@ -23,7 +23,6 @@ use troupe_actors::{Deps, RunInput, Runtime, SubmitRequest};
 
 const SHIP_LUMEN: &str = "ship-lb55821@lumenbooks.example";
 const SHIP_NORTHWIND: &str = "ship-a10482@northwind-shop.example";
-const ORDER_NORTHWIND: &str = "order-a10482@northwind-shop.example";
 const MEETING: &str = "roadmap-meeting@brightdesk.example";
 const COMPLAINT: &str = "complaint-bd2291@mail.example";
 
@@ -129,7 +128,7 @@ fn day(offset: i64) -> String {
 async fn the_email_assistant_answers_the_delivery_question_from_the_right_emails() {
     let question = "Am I expecting any deliveries today? What's in the orders?";
     let answer = "Yes: Lumen Books order LB-55821 is out for delivery today [1], and Northwind Home order A-10482 \
-        (UPS 1Z999AA10123456784) is due today between 10:00 and 14:00 [2]: an ErgoFlex office chair [6].";
+        (UPS 1Z999AA10123456784) is due today between 10:00 and 14:00 [2].";
     let setup = setup(vec![text(answer)], Arc::new(ScriptedModel::queue(vec![]))).await;
     let run_id = setup.submit("email-assistant", question).await;
     assert_eq!(setup.runtime.wait(run_id).await.unwrap().status, RunStatus::Succeeded);
@@ -145,18 +144,15 @@ async fn the_email_assistant_answers_the_delivery_question_from_the_right_emails
     assert_eq!(results.len(), 1, "{results:#?}");
     let found = &results[0];
     assert_eq!(found["today"], day(0));
-    let found_ids = ids(found);
-    assert_eq!(found_ids[0], SHIP_LUMEN, "the best match first: {found_ids:?}");
-    assert!(found_ids.contains(&SHIP_NORTHWIND) && found_ids.contains(&ORDER_NORTHWIND), "{found_ids:?}");
+    // The two emails that name today, best first; matches far weaker than them (a
+    // scam, a complaint, orders that share one word) are left out.
+    assert_eq!(ids(found), [SHIP_LUMEN, SHIP_NORTHWIND]);
     let body = |id: &str| found["emails"].as_array().unwrap().iter().find(|e| e["id"] == id).unwrap()["body"].clone();
     assert!(body(SHIP_NORTHWIND).as_str().unwrap().contains("1Z999AA10123456784"), "whole bodies");
-    assert!(body(ORDER_NORTHWIND).as_str().unwrap().contains("ErgoFlex office chair"));
 
     let cited: Vec<(usize, String)> =
         setup.citations(run_id).await.into_iter().map(|c| (c.marker, c.fragment.id)).collect();
-    let position = |id: &str| found_ids.iter().position(|found| *found == id).unwrap() + 1;
-    assert_eq!((position(SHIP_NORTHWIND), position(ORDER_NORTHWIND)), (2, 6), "the markers the answer uses");
-    let expected = [(1, SHIP_LUMEN), (2, SHIP_NORTHWIND), (6, ORDER_NORTHWIND)];
+    let expected = [(1, SHIP_LUMEN), (2, SHIP_NORTHWIND)];
     assert_eq!(cited, expected.map(|(marker, id)| (marker, id.to_owned())).to_vec());
 }
 

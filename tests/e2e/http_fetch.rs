@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use troupe::tools::{HttpFetch, HttpFetchConfig, ToolsConfig, builtin_registry};
 use troupe_actors::config::{AgentConfig, RuntimeConfig};
 use troupe_actors::llm::ModelRegistry;
-use troupe_actors::protocol::{EventKind, RunEvent, RunId, RunStatus};
+use troupe_actors::protocol::{EventKind, RunEvent, RunStatus};
 use troupe_actors::store::MemoryStore;
 use troupe_actors::testing::{ScriptedModel, calls, text};
 use troupe_actors::tool::{Tool, ToolContext, ToolError, ToolOutput};
@@ -73,15 +73,7 @@ fn allowing_loopback() -> HttpFetchConfig {
 }
 
 fn context() -> ToolContext {
-    ToolContext {
-        run_id: RunId::new(),
-        tenant: "default".into(),
-        agent: "default".into(),
-        turn: 1,
-        call_id: "call".into(),
-        idempotency_key: "run:1:0".into(),
-        cancel: tokio_util::sync::CancellationToken::new(),
-    }
+    troupe_actors::testing::tool_context("default")
 }
 
 async fn fetch(tool: &HttpFetch, args: Value) -> Result<ToolOutput, ToolError> {

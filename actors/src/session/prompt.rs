@@ -178,6 +178,22 @@ pub fn build_request(
 ) -> ChatRequest {
     let mut messages = Vec::with_capacity(conversation.len() + 2);
     messages.push(Message::text(Role::System, system));
+    if answer_now == Some(AnswerNow::CallsRepeated)
+        && let Some(request) = conversation.first().filter(|first| first.role == Role::User)
+        && only_planned(conversation)
+    {
+        // A run that only wrote (and rewrote) its plan found nothing out: it
+        // answers the request as a turn without tools would, from the request
+        // alone (a small model told to answer after its plan describes the plan).
+        messages.push(request.clone());
+        return ChatRequest {
+            messages,
+            tools: Vec::new(),
+            tool_choice: ToolChoice::None,
+            max_tokens: None,
+            temperature: None,
+        };
+    }
     messages.extend_from_slice(conversation);
     let ask = match answer_now {
         Some(AnswerNow::TurnsUsed(max_turns)) => Some(format!(
@@ -208,6 +224,15 @@ pub fn build_request(
         max_tokens: None,
         temperature: None,
     }
+}
+
+/// Whether every call of `conversation` was a `todo_write`: the run has planned,
+/// and found nothing out.
+fn only_planned(conversation: &[Message]) -> bool {
+    conversation
+        .iter()
+        .flat_map(|message| &message.tool_calls)
+        .all(|call| BuiltinTool::from_name(&call.name) == Some(BuiltinTool::TodoWrite))
 }
 
 /// The review as the model reads it next turn: plain sentences (small models

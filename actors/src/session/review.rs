@@ -114,7 +114,7 @@ impl Session {
         let max_turns = live.run.limits.max_turns;
         match final_answer {
             Some(answer) => {
-                let not_an_answer = crate::answer::not_an_answer(&answer);
+                let not_an_answer = crate::answer::not_an_answer_to(&live.run.input, &answer);
                 let reflect = !synthesis
                     && (recommendation == Recommendation::GatherMore || not_an_answer.is_some())
                     && live.reflections < self.shared.config.max_reflections

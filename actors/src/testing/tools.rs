@@ -10,6 +10,21 @@ use serde_json::{Value, json};
 use crate::protocol::Fragment;
 use crate::tool::{Tool, ToolContext, ToolError, ToolOutput};
 
+/// The context of a tool called outside a run: tenant `default`, turn 1, a
+/// fresh run id (for calling a tool directly in a test).
+pub fn tool_context(agent: &str) -> ToolContext {
+    let run_id = crate::protocol::RunId::new();
+    ToolContext {
+        run_id,
+        tenant: "default".into(),
+        agent: agent.into(),
+        turn: 1,
+        call_id: "call".into(),
+        idempotency_key: format!("{run_id}:1:0"),
+        cancel: tokio_util::sync::CancellationToken::new(),
+    }
+}
+
 /// Returns its `text` argument. Idempotent.
 pub struct EchoTool;
 

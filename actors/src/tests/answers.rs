@@ -3,7 +3,7 @@
 
 use serde_json::json;
 
-use crate::llm::Role;
+use crate::llm::{Role, ToolChoice};
 use crate::protocol::{CallStatus, EventKind, Limits, Recommendation, RunEvent, RunStatus, SkipReason};
 use crate::testing::{ScriptedModel, calls, text, todo};
 use crate::tests::{Setup, count, tool_messages};
@@ -124,6 +124,40 @@ async fn an_answer_after_a_copied_note_succeeds_with_the_real_answer() {
     let (record, _) = harness.run("say hi").await;
     assert_eq!(record.status, RunStatus::Succeeded);
     assert_eq!(record.final_output.as_deref(), Some("Hi!"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_that_only_rewrote_its_plan_answers_from_the_request_alone() {
+    let plan = || calls(&[("todo_write", todo(&[("1", "thank you", "completed")]))]);
+    let model = ScriptedModel::queue(vec![plan(), plan(), text("Merci.")]);
+    let harness = Setup::new(model).start().await;
+    let (record, _) = harness.run("Translate 'thank you' into French.").await;
+    assert_eq!(record.status, RunStatus::Succeeded);
+    assert_eq!(record.final_output.as_deref(), Some("Merci."));
+    let answer = &harness.requests()[2];
+    let shown: Vec<(Role, &str)> = answer.messages.iter().map(|m| (m.role, m.content.as_str())).collect();
+    assert_eq!(shown.len(), 2, "{shown:?}");
+    assert_eq!(shown[1], (Role::User, "Translate 'thank you' into French."));
+    assert!(answer.tools.is_empty() && answer.tool_choice == ToolChoice::None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_request_repeated_is_sent_back_and_never_ends_a_run_as_its_answer() {
+    let asked = "Am I expecting any deliveries today?";
+    let answered = ScriptedModel::per_turn(vec![text(asked), text("Yes: your books arrive by 8 pm.")]);
+    let harness = Setup::new(answered).start().await;
+    let (record, _) = harness.run(asked).await;
+    assert_eq!(record.status, RunStatus::Succeeded);
+    assert_eq!(record.final_output.as_deref(), Some("Yes: your books arrive by 8 pm."));
+    let review = harness.requests()[1].messages.last().map(|message| message.content.clone()).unwrap_or_default();
+    assert!(review.contains("the request repeated, not an answer"), "{review}");
+
+    let echoing = ScriptedModel::per_turn(vec![text(asked), text(asked), text(asked)]);
+    let harness = Setup::new(echoing).start().await;
+    let (record, _) = harness.run(asked).await;
+    assert_eq!(record.status, RunStatus::Failed);
+    assert_eq!(record.reason.as_deref(), Some("no_answer: the model's last reply was the request repeated"));
+    assert_eq!(record.final_output, None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

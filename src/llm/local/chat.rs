@@ -198,8 +198,8 @@ fn write_python_json(value: &Value, out: &mut String) {
 
 /// A message's text as the model reads it: a tool result that is a JSON object
 /// or array as indented `key: value` lines (strings unescaped, a text of several
-/// lines below its key), which a small model reads far better than escaped
-/// JSON; anything else as it is.
+/// lines below its key, a `summary` first), which a small model reads far better
+/// than escaped JSON; anything else as it is.
 fn shown(message: &Message) -> Cow<'_, str> {
     if message.role != Role::Tool {
         return Cow::Borrowed(&message.content);
@@ -220,9 +220,14 @@ fn write_readable(out: &mut String, value: &Value, depth: usize) {
     let pad = "  ".repeat(depth);
     match value {
         Value::Object(object) => {
+            // A summary is what the model repeats: first; long texts last.
             let long = |value: &Value| value.as_str().is_some_and(|text| text.contains('\n'));
-            let members =
-                object.iter().filter(|(_, value)| !long(value)).chain(object.iter().filter(|(_, value)| long(value)));
+            let summary = |key: &str, value: &Value| key == "summary" && !long(value);
+            let members = object
+                .iter()
+                .filter(|(key, value)| summary(key, value))
+                .chain(object.iter().filter(|(key, value)| !long(value) && !summary(key, value)))
+                .chain(object.iter().filter(|(_, value)| long(value)));
             for (key, value) in members {
                 match value {
                     Value::Object(inner) if !inner.is_empty() => {
@@ -530,17 +535,18 @@ mod tests {
     }
 
     #[test]
-    fn a_json_tool_result_is_shown_as_indented_lines_with_long_texts_last() {
+    fn a_json_tool_result_is_shown_as_indented_lines_with_its_summary_first_and_long_texts_last() {
         let result = json!({
             "count": 1,
             "emails": [{"id": "a@b", "body": "Hi Sam,\n\nYour books ship today.\nOrder: LB-1", "tags": ["x", 2]}],
             "empty": [],
+            "summary": "1 email",
             "today": "2026-11-26",
         });
         let messages = vec![Message::text(Role::User, "q"), Message::tool_result("c1", result.to_string())];
         let prompt = render(&request(messages, ToolChoice::Auto));
         let shown = concat!(
-            "<tool_response>\ncount: 1\nemails:\n  - item 1:\n    id: a@b\n    tags:\n      - x\n      - 2\n",
+            "<tool_response>\nsummary: 1 email\ncount: 1\nemails:\n  - item 1:\n    id: a@b\n    tags:\n      - x\n      - 2\n",
             "    body:\n      Hi Sam,\n      Your books ship today.\n      Order: LB-1\nempty: []\ntoday: 2026-11-26\n</tool_response>",
         );
         assert!(prompt.contains(shown), "{prompt}");

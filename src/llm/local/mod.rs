@@ -65,8 +65,13 @@ impl LocalModel {
 
     /// The job for `request`.
     pub fn job(&self, request: &ChatRequest) -> PromptJob {
+        let prompt = chat::segments(request);
+        if tracing::enabled!(tracing::Level::TRACE) {
+            let text: String = prompt.iter().map(|(piece, _)| piece.as_str()).collect();
+            tracing::trace!(model = %self.settings.name, prompt = %text, "local model prompt");
+        }
         PromptJob {
-            prompt: chat::segments(request),
+            prompt,
             offered: request.tool_choice.callable(&request.tools),
             required: match &request.tool_choice {
                 ToolChoice::Tool(name) => {
