@@ -18,7 +18,7 @@ use troupe_actors::llm::{ChatRequest, Message, ModelChunk, ModelClient, Role, To
 use troupe_actors::tool::{Tool, ToolContext, ToolError, ToolOutput};
 
 use crate::email::mailbox::Mailboxes;
-use crate::email::tools::{fragment, tool_error};
+use crate::email::tools::{email_by_id, fragment};
 
 /// The classes an email can be given.
 pub const CLASSIFICATIONS: [&str; 10] = [
@@ -83,12 +83,7 @@ impl Tool for AnalyzeEmailContent {
         let email_id = args.email_id.as_deref().map(str::trim).filter(|id| !id.is_empty());
         let (text, folder, email) = match (email_id, args.text.as_deref()) {
             (Some(id), None) => {
-                let email = self
-                    .mailboxes
-                    .of(&context.tenant)
-                    .get(crate::email::mime::strip_brackets(id))
-                    .await
-                    .map_err(tool_error)?;
+                let email = email_by_id(&self.mailboxes, &context.tenant, id).await?;
                 let text =
                     format!("From: {}\nTo: {}\nSubject: {}\n\n{}", email.from, email.to, email.subject, email.body);
                 (text, email.folder.clone(), Some(email))

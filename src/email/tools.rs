@@ -78,6 +78,11 @@ fn email_json(email: &Email, full_body: bool) -> Value {
     value
 }
 
+/// The email `id` (in angle brackets or not) of `tenant`'s mailbox.
+pub(super) async fn email_by_id(mailboxes: &Mailboxes, tenant: &str, id: &str) -> Result<Email, ToolError> {
+    mailboxes.of(tenant).get(crate::email::mime::strip_brackets(id)).await.map_err(tool_error)
+}
+
 fn string_arg<'a>(args: &'a Value, key: &str) -> Option<&'a str> {
     args.get(key).and_then(Value::as_str).map(str::trim).filter(|text| !text.is_empty())
 }
@@ -359,12 +364,7 @@ impl Tool for ExtractEntities {
         let args: EmailOrText = parse_args(args)?;
         match (present(&args.email_id), args.text.as_deref()) {
             (Some(id), None) => {
-                let email = self
-                    .mailboxes
-                    .of(&context.tenant)
-                    .get(crate::email::mime::strip_brackets(id))
-                    .await
-                    .map_err(tool_error)?;
+                let email = email_by_id(&self.mailboxes, &context.tenant, id).await?;
                 let found = entities::extract(&format!("{}\n{}", email.subject, email.body));
                 let value = json!({"email_id": email.id, "subject": email.subject, "entities": found});
                 Ok(ToolOutput { value, fragments: vec![fragment(&email)], cost_usd: 0.0 })

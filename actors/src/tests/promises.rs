@@ -7,7 +7,6 @@
 //! handler by a message whose reply panics when answered ([`crash_tool_pool`],
 //! [`crash_reviewer`]), and tools block on semaphores the test opens.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -19,7 +18,6 @@ use tokio::sync::Semaphore;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use crate::config::{AgentConfig, RestartPolicy, ReviewerKind, RuntimeConfig};
-use crate::hooks::{HookChain, HookConfig, RunLedger};
 use crate::llm::{ModelRegistry, ModelReply};
 use crate::metrics::{ACTOR_RESTARTS_TOTAL, SUPERVISOR_MELTDOWNS_TOTAL};
 use crate::planner::PlannerMsg;
@@ -36,7 +34,7 @@ use crate::testing::{
 };
 use crate::tests::{AGENT, Harness, Setup, tool_messages, wait_for};
 use crate::tool::{Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
-use crate::tool_pool::{PoolShared, ToolJob, ToolPoolConfig, ToolPoolMsg, ToolReply, WorkItem};
+use crate::tool_pool::{ToolJob, ToolPoolConfig, ToolPoolMsg, ToolReply};
 
 /// How long a test waits for anything.
 const WITHIN: Duration = Duration::from_secs(60);
@@ -465,22 +463,8 @@ fn call_ends(events: &[Arc<RunEvent>]) -> Vec<(String, CallStatus)> {
 /// Makes the tool pool's actor panic in its own handler: it runs a call whose
 /// reply panics when the pool answers it. What the pool held dies with it.
 fn crash_tool_pool(pool: &ActorRef<ToolPoolMsg>) {
-    let shared = Arc::new(PoolShared {
-        registry: ToolRegistry::new(),
-        chain: HookChain::new(HookConfig::default(), Vec::new()),
-        default_timeout: Duration::from_secs(30),
-        timeouts: HashMap::new(),
-    });
-    let work = WorkItem {
-        run_id: RunId::new(),
-        tenant: "default".into(),
-        agent: AGENT.into(),
-        turn: 1,
-        index: 0,
-        call: ToolCall { call_id: "poison".into(), name: "echo".into(), args: json!({"text": "poison"}) },
-        ledger: Arc::new(RunLedger::new()),
-        cancel: Default::default(),
-    };
+    let call = ToolCall { call_id: "poison".into(), name: "echo".into(), args: json!({"text": "poison"}) };
+    let (shared, work) = crate::tool_pool::bare_job(AGENT, call);
     let reply = ToolReply::new(shared, work.clone(), |_| panic!("injected tool pool fault"));
     assert!(pool.cast(ToolPoolMsg::Execute(Box::new(ToolJob { work, reply }))).is_ok());
 }

@@ -18,6 +18,8 @@ use serde::{Deserialize, Serialize};
 use crate::protocol::ToolOutcome;
 
 pub use pool::{ToolPool, ToolPoolState};
+#[cfg(test)]
+pub(crate) use work::bare_job;
 pub use work::{Ending, PoolShared, ToolResult, WorkItem, book, finish, idempotency_key};
 pub use worker::{ToolWorker, ToolWorkerMsg, execute};
 
@@ -106,31 +108,13 @@ impl Default for ToolPoolConfig {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
-
     use super::*;
-    use crate::hooks::{HookChain, HookConfig, RunLedger};
-    use crate::protocol::{RunId, ToolCall};
-    use crate::tool::ToolRegistry;
+    use crate::protocol::ToolCall;
 
     #[test]
     fn a_reply_dropped_unanswered_answers_tool_pool_unavailable() {
-        let shared = Arc::new(PoolShared {
-            registry: ToolRegistry::new(),
-            chain: HookChain::new(HookConfig::default(), Vec::new()),
-            default_timeout: Duration::from_secs(30),
-            timeouts: HashMap::new(),
-        });
-        let work = WorkItem {
-            run_id: RunId::new(),
-            tenant: "default".into(),
-            agent: "default".into(),
-            turn: 1,
-            index: 0,
-            call: ToolCall { call_id: "c".into(), name: "echo".into(), args: serde_json::json!({}) },
-            ledger: Arc::new(RunLedger::new()),
-            cancel: Default::default(),
-        };
+        let call = ToolCall { call_id: "c".into(), name: "echo".into(), args: serde_json::json!({}) };
+        let (shared, work) = bare_job("default", call);
         let (sender, receiver) = std::sync::mpsc::channel();
         drop(ToolReply::new(shared, work, move |result| sender.send(result).unwrap()));
         let result = receiver.recv().unwrap();

@@ -70,6 +70,29 @@ pub struct PoolShared {
     pub timeouts: HashMap<String, Duration>,
 }
 
+/// A pool with no tools and no hooks, and `call` as the first call of turn 1 of a
+/// fresh run of `agent`: a job to hand a pool directly in a test.
+#[cfg(test)]
+pub(crate) fn bare_job(agent: &str, call: ToolCall) -> (Arc<PoolShared>, WorkItem) {
+    let shared = Arc::new(PoolShared {
+        registry: ToolRegistry::new(),
+        chain: HookChain::new(crate::hooks::HookConfig::default(), Vec::new()),
+        default_timeout: Duration::from_secs(30),
+        timeouts: HashMap::new(),
+    });
+    let work = WorkItem {
+        run_id: RunId::new(),
+        tenant: "default".into(),
+        agent: agent.into(),
+        turn: 1,
+        index: 0,
+        call,
+        ledger: Arc::new(RunLedger::new()),
+        cancel: CancellationToken::new(),
+    };
+    (shared, work)
+}
+
 /// The deterministic idempotency key of call `index` of `turn`.
 pub fn idempotency_key(run_id: RunId, turn: u32, index: usize) -> String {
     format!("{run_id}:{turn}:{index}")
