@@ -7,7 +7,11 @@
 //! `model_writes`, whose `args` are then set over what the model writes); a step with a
 //! `prompt` instead of a tool asks the model (in those words, filled the same way)
 //! to answer, with no tool. A step with a `when` runs only if the value it names
-//! is one of the listed ones.
+//! is one of the listed ones (a list of conditions: if each holds).
+//!
+//! `{input.quoted}` is the list of texts the request quotes (in '…', "…", ‘…’ or
+//! “…”), none when it quotes nothing: `{input.quoted.0}` is the first, and a path
+//! key `N..` takes the items of a list from the `N`th on.
 //!
 //! Steps are retrieval and routing a small model would otherwise get wrong: a
 //! search run with the user's own words, a classification before a draft. They
@@ -43,18 +47,38 @@ pub struct AgentStep {
     /// are set over what it writes. Implied when `args` is left out.
     #[serde(default)]
     pub model_writes: bool,
-    /// Run only when a value is one of some.
+    /// Run only when a value is one of some (or, a list: when each holds).
     #[serde(default)]
-    pub when: Option<StepCondition>,
+    pub when: Option<When>,
+}
+
+/// A step's condition, or several that must all hold.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum When {
+    /// One condition.
+    One(StepCondition),
+    /// Conditions that must all hold.
+    All(Vec<StepCondition>),
+}
+
+impl When {
+    /// Its conditions.
+    fn conditions(&self) -> &[StepCondition] {
+        match self {
+            When::One(condition) => std::slice::from_ref(condition),
+            When::All(conditions) => conditions,
+        }
+    }
 }
 
 /// When a step runs: its field's value is one of `in`, or contains one of
-/// `contains` (ignoring case).
+/// `contains` (ignoring case); or, with `absent`, the field has no value.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StepCondition {
     /// The value, as `TOOL.PATH` (e.g. `analyze_email_content.classification`),
-    /// or `input` (the request).
+    /// `input` (the request) or `input.PATH` (e.g. `input.quoted`).
     pub field: String,
     /// The values for which the step runs.
     #[serde(rename = "in", default)]
@@ -62,14 +86,22 @@ pub struct StepCondition {
     /// Words or phrases, one of which the value contains (ignoring case).
     #[serde(default)]
     pub contains: Vec<String>,
+    /// The step runs only when the field has no value (a request that quotes
+    /// nothing, a source that failed or found nothing).
+    #[serde(default)]
+    pub absent: bool,
 }
 
 impl StepCondition {
-    /// Whether it holds for `value`.
-    fn holds(&self, value: &str) -> bool {
+    /// Whether it holds for `value` (`None`: the field has none).
+    fn holds(&self, value: Option<&Value>) -> bool {
+        let Some(value) = value else { return self.absent };
+        if self.absent {
+            return false;
+        }
+        let value = text_of(value);
         let lowered = value.to_lowercase();
-        self.one_of.iter().any(|allowed| allowed == value)
-            || self.contains.iter().any(|part| lowered.contains(&part.to_lowercase()))
+        self.one_of.contains(&value) || self.contains.iter().any(|part| lowered.contains(&part.to_lowercase()))
     }
 }
 
@@ -111,19 +143,17 @@ pub fn check(steps: &[AgentStep], tools: &[String]) -> Result<(), String> {
             (Some(_), None, _) | (None, Some(_), None) if !(step.model_writes && step.tool.is_none()) => {}
             _ => return Err(format!("step {number} needs either a tool (with or without args) or a prompt")),
         }
-        if let Some(when) = &step.when
-            && when.one_of.is_empty()
-            && when.contains.is_empty()
-        {
-            return Err(format!("step {number}: when needs `in` or `contains`"));
+        let conditions = step.when.as_ref().map_or(&[][..], When::conditions);
+        if conditions.iter().any(|when| when.one_of.is_empty() && when.contains.is_empty() && !when.absent) {
+            return Err(format!("step {number}: when needs `in`, `contains` or `absent`"));
         }
         let prompt = step.prompt.as_ref().map(|prompt| Value::String(prompt.clone()));
-        let fields = step.when.iter().map(|when| when.field.as_str());
+        let fields = conditions.iter().map(|when| when.field.as_str());
         let templates = step.args.iter().chain(prompt.iter());
         let references: Vec<&str> = fields.chain(templates.flat_map(placeholders)).collect();
         for reference in references {
             let source = reference.split('.').next().unwrap_or_default();
-            if reference != "input" && !steps[..index].iter().any(|earlier| earlier.tool.as_deref() == Some(source)) {
+            if source != "input" && !steps[..index].iter().any(|earlier| earlier.tool.as_deref() == Some(source)) {
                 return Err(format!("step {number} reads {reference:?}, but no earlier step calls {source:?}"));
             }
         }
@@ -138,25 +168,20 @@ pub fn next(steps: &[AgentStep], input: &str, conversation: &[Message]) -> Optio
     // the next step's references read.
     let mut seen = 0;
     for step in steps {
-        let results = Results { conversation: &conversation[..seen] };
+        let results = Results { input, conversation: &conversation[..seen] };
         // A step that cannot be filled, or whose condition is false, is skipped.
-        if let Some(when) = &step.when {
-            let value = match when.field.as_str() {
-                "input" => Some(Value::String(input.to_owned())),
-                field => results.get(field),
-            };
-            if !value.is_some_and(|value| when.holds(&text_of(&value))) {
-                continue;
-            }
+        let conditions = step.when.as_ref().map_or(&[][..], When::conditions);
+        if !conditions.iter().all(|when| when.holds(results.get(&when.field).as_ref())) {
+            continue;
         }
         let this = match (&step.tool, &step.args, &step.prompt) {
-            (Some(tool), Some(template), _) => match fill(template, input, &results) {
+            (Some(tool), Some(template), _) => match fill(template, &results) {
                 Some(Value::Object(fixed)) if step.model_writes => NextStep::Model { tool: tool.clone(), fixed },
                 Some(args) => NextStep::Call { tool: tool.clone(), args },
                 None => continue,
             },
             (Some(tool), None, _) => NextStep::Model { tool: tool.clone(), fixed: serde_json::Map::new() },
-            (None, _, Some(prompt)) => match fill(&Value::String(prompt.clone()), input, &results) {
+            (None, _, Some(prompt)) => match fill(&Value::String(prompt.clone()), &results) {
                 Some(filled) => NextStep::Answer { prompt: text_of(&filled) },
                 None => continue,
             },
@@ -182,28 +207,50 @@ pub fn next(steps: &[AgentStep], input: &str, conversation: &[Message]) -> Optio
     None
 }
 
-/// The tool results of a stretch of conversation, by tool name.
+/// What a step's references read: the request, and the tool results of a
+/// stretch of conversation, by tool name.
 struct Results<'a> {
+    input: &'a str,
     conversation: &'a [Message],
 }
 
 impl Results<'_> {
-    /// The value at `reference` (`TOOL.PATH`) in the last result of `TOOL`; `None`
-    /// when there is none, it failed or the path leads nowhere.
+    /// The value at `reference`: `input` or `input.PATH`, or `TOOL.PATH` in the
+    /// last result of `TOOL`; `None` when there is none, it failed or the path
+    /// leads nowhere.
     fn get(&self, reference: &str) -> Option<Value> {
-        let mut parts = reference.split('.');
-        let tool = parts.next()?;
-        let result = self.conversation.iter().rev().find(|message| {
-            message.role == Role::Tool && message.tool_call_id.as_deref().is_some_and(|id| self.names(id, tool))
-        })?;
-        let mut value: Value = serde_json::from_str(&result.content).ok()?;
+        let keys = keys(reference);
+        let mut parts = keys.iter().map(String::as_str);
+        let source = parts.next()?;
+        let mut value = if source == "input" {
+            let mut object = serde_json::Map::new();
+            let quoted = quoted(self.input);
+            if !quoted.is_empty() {
+                object.insert("quoted".to_owned(), Value::from(quoted));
+            }
+            match parts.clone().next() {
+                None => Value::String(self.input.to_owned()),
+                Some(_) => Value::Object(object),
+            }
+        } else {
+            let result = self.conversation.iter().rev().find(|message| {
+                message.role == Role::Tool && message.tool_call_id.as_deref().is_some_and(|id| self.names(id, source))
+            })?;
+            serde_json::from_str(&result.content).ok()?
+        };
         for key in parts {
             value = match value {
                 Value::Object(mut object) => object.remove(key)?,
-                Value::Array(mut items) => {
-                    let index: usize = key.parse().ok()?;
-                    (index < items.len()).then(|| items.swap_remove(index))?
-                }
+                Value::Array(mut items) => match key.strip_suffix("..") {
+                    Some(from) => {
+                        let from: usize = from.parse().ok()?;
+                        Value::Array(items.split_off(from.min(items.len())))
+                    }
+                    None => {
+                        let index: usize = key.parse().ok()?;
+                        (index < items.len()).then(|| items.swap_remove(index))?
+                    }
+                },
                 _ => return None,
             };
         }
@@ -216,6 +263,54 @@ impl Results<'_> {
             .iter()
             .any(|message| message.tool_calls.iter().any(|call| call.call_id == call_id && call.name == tool))
     }
+}
+
+/// The keys of a reference: its parts between dots, a slice such as `1..` kept
+/// whole.
+fn keys(reference: &str) -> Vec<String> {
+    let mut keys: Vec<String> = Vec::new();
+    for part in reference.split('.') {
+        match keys.last_mut() {
+            Some(last)
+                if part.is_empty() && !last.is_empty() && last.chars().all(|c| c.is_ascii_digit() || c == '.') =>
+            {
+                last.push('.');
+            }
+            _ => keys.push(part.to_owned()),
+        }
+    }
+    keys
+}
+
+/// The texts `request` quotes: between '…', "…", ‘…’ or “…”, a quote opening
+/// where no letter or digit comes before it and closing where none comes after
+/// (so the apostrophe of "Marta's" opens nothing), in order, each once.
+fn quoted(request: &str) -> Vec<String> {
+    const PAIRS: [(char, char); 4] = [('\'', '\''), ('"', '"'), ('‘', '’'), ('“', '”')];
+    let characters: Vec<char> = request.chars().collect();
+    let word = |at: Option<&char>| at.is_some_and(|c| c.is_alphanumeric());
+    let mut found: Vec<String> = Vec::new();
+    let mut at = 0;
+    while at < characters.len() {
+        let opening = PAIRS.iter().find(|(open, _)| *open == characters[at]);
+        let Some((_, close)) = opening.filter(|_| at == 0 || !word(characters.get(at - 1))) else {
+            at += 1;
+            continue;
+        };
+        let end = (at + 1..characters.len())
+            .find(|&end| characters[end] == *close && end > at + 1 && !word(characters.get(end + 1)));
+        let Some(end) = end else {
+            at += 1;
+            continue;
+        };
+        let text: String = characters[at + 1..end].iter().collect();
+        let text = text.trim().to_owned();
+        if !text.is_empty() && !found.contains(&text) {
+            found.push(text);
+        }
+        at = end + 1;
+    }
+    found
 }
 
 /// `value` as the text a condition compares.
@@ -248,33 +343,24 @@ fn placeholders(template: &Value) -> Vec<&str> {
 /// `template` with its references replaced; a string that is one reference alone
 /// takes the value as it is (a number stays a number). `None` when a reference
 /// does not resolve.
-fn fill(template: &Value, input: &str, results: &Results<'_>) -> Option<Value> {
-    let resolve = |reference: &str| match reference {
-        "input" => Some(Value::String(input.to_owned())),
-        other => results.get(other),
-    };
+fn fill(template: &Value, results: &Results<'_>) -> Option<Value> {
     Some(match template {
         Value::String(text) => {
             let found = placeholders(template);
             if let [only] = found.as_slice()
                 && text.len() == only.len() + 2
             {
-                return resolve(only);
+                return results.get(only);
             }
             let mut filled = text.clone();
             for reference in found {
-                filled = filled.replace(&format!("{{{reference}}}"), &text_of(&resolve(reference)?));
+                filled = filled.replace(&format!("{{{reference}}}"), &text_of(&results.get(reference)?));
             }
             Value::String(filled)
         }
-        Value::Array(items) => {
-            Value::Array(items.iter().map(|item| fill(item, input, results)).collect::<Option<_>>()?)
-        }
+        Value::Array(items) => Value::Array(items.iter().map(|item| fill(item, results)).collect::<Option<_>>()?),
         Value::Object(object) => Value::Object(
-            object
-                .iter()
-                .map(|(key, value)| Some((key.clone(), fill(value, input, results)?)))
-                .collect::<Option<_>>()?,
+            object.iter().map(|(key, value)| Some((key.clone(), fill(value, results)?))).collect::<Option<_>>()?,
         ),
         other => other.clone(),
     })
@@ -367,7 +453,36 @@ mod tests {
         let tools = vec!["create_draft".to_owned()];
         let vague: Vec<AgentStep> =
             serde_json::from_value(json!([{"tool": "create_draft", "when": {"field": "input"}}])).unwrap();
-        assert!(check(&vague, &tools).unwrap_err().contains("`in` or `contains`"));
+        assert!(check(&vague, &tools).unwrap_err().contains("`in`, `contains` or `absent`"));
+    }
+
+    #[test]
+    fn the_texts_a_request_quotes_fill_a_call_and_a_request_quoting_none_goes_to_the_model() {
+        let steps: Vec<AgentStep> = serde_json::from_value(json!([
+            {"tool": "text_stats", "args": {"text": "{input.quoted.0}", "others": "{input.quoted.1..}"},
+             "when": {"field": "input", "contains": ["word"]}},
+            {"tool": "text_stats", "model_writes": true,
+             "when": [{"field": "input", "contains": ["word"]}, {"field": "input.quoted", "absent": true}]},
+        ]))
+        .unwrap();
+        assert_eq!(check(&steps, &["text_stats".to_owned()]), Ok(()));
+        let ask = |input: &str| next(&steps, input, &[Message::text(Role::User, input)]);
+        let call = |text: &str, others: Value| {
+            Some(NextStep::Call { tool: "text_stats".into(), args: json!({"text": text, "others": others}) })
+        };
+        assert_eq!(
+            ask("Which has more words: 'a quick fox' or \"the lazy dog\"?"),
+            call("a quick fox", json!(["the lazy dog"]))
+        );
+        assert_eq!(ask("How many words in ‘Marta's car’ and “it’s”?"), call("Marta's car", json!(["it’s"])));
+        assert_eq!(ask("Count the words of 'one two' and 'one two'"), call("one two", json!([])), "each once");
+        let model = Some(NextStep::Model { tool: "text_stats".into(), fixed: serde_json::Map::new() });
+        assert_eq!(ask("Count the words of Marta's note: it's late"), model, "an apostrophe quotes nothing");
+        assert_eq!(ask("Translate 'thank you'"), None, "a request that measures nothing");
+        let mut taken = vec![Message::text(Role::User, "Count words: 'a b'")];
+        taken.push(super::tests::call("t1", "text_stats"));
+        taken.push(Message::tool_result("t1", json!({"words": 2}).to_string()));
+        assert_eq!(next(&steps, "Count words: 'a b'", &taken), None, "the model's step is skipped");
     }
 
     #[test]

@@ -6,6 +6,7 @@
 
 mod crash;
 mod daemon;
+mod default_agent;
 mod demo;
 mod email;
 mod http_fetch;
