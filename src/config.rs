@@ -221,6 +221,10 @@ pub fn parse_agent(origin: &str, text: &str) -> Result<AgentConfig, ConfigError>
     }
     troupe_actors::steps::check(&agent.steps, &agent.tools)
         .map_err(|message| ConfigError::Invalid { origin: origin.to_owned(), message })?;
+    if agent.reflect && !agent.steps.is_empty() {
+        let message = "reflect and steps do not go together: a reflecting agent decides its own turns".to_owned();
+        return Err(ConfigError::Invalid { origin: origin.to_owned(), message });
+    }
     Ok(agent)
 }
 
@@ -307,5 +311,14 @@ mod tests {
         assert_eq!(agent.name, "default");
         assert_eq!(agent.tools, vec!["text_stats".to_owned()]);
         assert_eq!(agent.limits.max_turns, 15);
+    }
+
+    #[test]
+    fn a_reflecting_agent_parses_and_refuses_steps() {
+        let thinker = "name = \"thinker\"\ntools = [\"text_stats\"]\nreflect = true\n";
+        assert!(parse_agent("thinker.toml", thinker).unwrap().reflect);
+        let both = format!("{thinker}[[steps]]\ntool = \"text_stats\"\n");
+        let error = parse_agent("thinker.toml", &both).unwrap_err().to_string();
+        assert!(error.contains("thinker.toml") && error.contains("reflect and steps"), "{error}");
     }
 }

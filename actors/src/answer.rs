@@ -28,6 +28,8 @@ const RUNTIME_MARKERS: &[&str] = &[
     "identical call already succeeded",
     "its result was:",
     "Go on: call a tool if more is needed",
+    crate::session::reflect::BEFORE_ACTING,
+    crate::session::reflect::AFTER_RESPONSE,
 ];
 
 /// Why `text` is not an answer: `"runtime text"` or `"a tool call written as

@@ -149,6 +149,11 @@ pub struct AgentConfig {
     /// (see [`crate::steps`]).
     #[serde(default)]
     pub steps: Vec<AgentStep>,
+    /// It reasons before its first action and after each answer (see
+    /// `session/reflect.rs`): a `thought` event each time, and an answer its
+    /// reasoning finds incomplete gets another turn. Not with `steps`.
+    #[serde(default)]
+    pub reflect: bool,
 }
 
 impl AgentConfig {
@@ -164,6 +169,7 @@ impl AgentConfig {
             grounded: false,
             without_builtins: Vec::new(),
             steps: Vec::new(),
+            reflect: false,
         }
     }
 }

@@ -10,7 +10,7 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use troupe_actors::planner;
-use troupe_actors::protocol::{CallStatus, EventKind, ReviewStatus, RunEvent, RunStatus};
+use troupe_actors::protocol::{CallStatus, EventKind, ReviewStatus, RunEvent, RunStatus, ThoughtStage};
 
 const SPINNER: &[char] = &['⠋', '⠙', '⠹', '⠸', '⠼', '⠴', '⠦', '⠧', '⠇', '⠏'];
 
@@ -56,6 +56,16 @@ impl View {
                 self.step(out, format!("turn {turn}"))?;
             }
             EventKind::ReasoningStep { summary, .. } => self.step(out, summary.clone())?,
+            EventKind::Thought { stage, thought, .. } => {
+                let text = match stage {
+                    ThoughtStage::BeforeActing => format!("thought: {}", thought.understanding),
+                    ThoughtStage::AfterResponse if thought.complete => {
+                        format!("reflection: complete · {}", thought.why)
+                    }
+                    ThoughtStage::AfterResponse => format!("reflection: not complete · {}", thought.why),
+                };
+                self.step(out, text)?;
+            }
             EventKind::ToolCallEnd { tool, status, duration_ms, summary, .. } => {
                 let mark = if *status == CallStatus::Completed { "✓" } else { "✗" };
                 let state =

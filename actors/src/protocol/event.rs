@@ -61,6 +61,16 @@ pub enum EventKind {
         /// E.g. "Searching emails for 'delivery'".
         summary: String,
     },
+    /// A reflecting agent's reasoning (`reflect = true`): about the request
+    /// before its first action, about its answer after each one.
+    Thought {
+        /// The turn it comes before (`before_acting`) or after (`after_response`).
+        turn: u32,
+        /// When it was made.
+        stage: ThoughtStage,
+        /// What it concluded (boxed, like the review).
+        thought: Box<Thought>,
+    },
     /// The model asked for tool calls.
     ToolRequests {
         /// The turn.
@@ -238,6 +248,7 @@ impl EventKind {
             Self::TurnStart { .. } => "turn_start",
             Self::AssistantDelta { .. } => "assistant_delta",
             Self::ReasoningStep { .. } => "reasoning_step",
+            Self::Thought { .. } => "thought",
             Self::ToolRequests { .. } => "tool_requests",
             Self::ToolCallStart { .. } => "tool_call_start",
             Self::ToolCallEnd { .. } => "tool_call_end",
@@ -258,4 +269,34 @@ impl EventKind {
             Self::Error { .. } => "error",
         }
     }
+}
+
+/// When a reflecting agent reasons.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ThoughtStage {
+    /// About the request, before the run's first action.
+    BeforeActing,
+    /// About the answer the agent just gave.
+    AfterResponse,
+}
+
+/// A reflecting agent's structured reasoning, as the model wrote it (checked
+/// against this shape).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Thought {
+    /// What the user asks for, in the agent's words.
+    pub understanding: String,
+    /// What is needed to answer it (after a response: what is still missing).
+    #[serde(default)]
+    pub needs: Vec<String>,
+    /// The tools to use next.
+    #[serde(default)]
+    pub tools: Vec<String>,
+    /// Why.
+    pub why: String,
+    /// Whether the response fully answers the request (after a response; before
+    /// acting, nothing has been answered yet).
+    pub complete: bool,
 }

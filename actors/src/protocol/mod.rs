@@ -11,7 +11,7 @@ mod review;
 mod run;
 mod tool;
 
-pub use event::{EventKind, RunEvent};
+pub use event::{EventKind, RunEvent, Thought, ThoughtStage};
 pub use plan::{Plan, TaskStatus, TodoItem};
 pub use review::{Recommendation, Review, ReviewStatus};
 pub use run::{Limits, RunId, RunSpec, RunStatus, Usage};

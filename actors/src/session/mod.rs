@@ -26,6 +26,7 @@
 //! - `input.rs`: parking for a human, answers and approvals;
 //! - `plan.rs`: the planner and `todo_write`;
 //! - `review.rs`: the review and what follows it, and the run's end;
+//! - `reflect.rs`: a reflecting agent's reasoning before it acts and after it answers;
 //! - `prompt.rs`, `resume.rs`, `sub_runs.rs`: the prompt, loading a run from the
 //!   store, and runs started by `run_agent`.
 //!
@@ -38,6 +39,7 @@ mod model;
 mod outbox;
 mod plan;
 pub(crate) mod prompt;
+pub(crate) mod reflect;
 mod results;
 mod resume;
 mod review;
@@ -51,7 +53,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent
 use tracing::{Instrument, info_span, warn};
 
 use crate::llm::{ModelError, ModelReply};
-use crate::protocol::{EventKind, Review, RunId, RunStatus, ToolCall, Usage};
+use crate::protocol::{EventKind, Review, RunId, RunStatus, Thought, ToolCall, Usage};
 use crate::run_input::{InputError, RunInput};
 use crate::session::state::{Live, Phase};
 use crate::shared::RuntimeShared;
@@ -105,6 +107,13 @@ pub enum SessionMsg {
         turn: u32,
         /// The verdict.
         review: Review,
+    },
+    /// A reflecting agent's reasoning on a turn came back (see `reflect.rs`).
+    Thought {
+        /// The turn.
+        turn: u32,
+        /// The thought and what its call spent, or why there is none.
+        result: Result<(Thought, Usage), String>,
     },
     /// The user's answer to an `ask_user` question, or a decision on a call
     /// waiting for approval.
@@ -275,6 +284,7 @@ impl Session {
                 Ok(())
             }
             SessionMsg::Reviewed { turn, review } => self.on_reviewed(&myself, live, turn, review).await,
+            SessionMsg::Thought { turn, result } => self.on_thought(&myself, live, turn, result).await,
             SessionMsg::Input { input, reply } => self.on_input_message(&myself, live, input, reply).await,
             SessionMsg::Cancel { reply } => {
                 self.finish(&myself, live, RunStatus::Cancelled, Some("cancelled by the client".to_owned()), None)

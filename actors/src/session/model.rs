@@ -62,12 +62,22 @@ impl Session {
     /// run moved on meanwhile.
     pub(super) fn on_retry_model(&self, myself: &ActorRef<SessionMsg>, live: &mut Live, turn: u32) {
         if matches!(live.phase, Phase::Model { turn: current, .. } if current == turn) && live.model_task.is_none() {
-            self.call_model(myself, live, turn);
+            self.ask_model(myself, live, turn);
+        }
+    }
+
+    /// Starts `turn`'s work: a reflecting agent's reasoning before it acts, then
+    /// (or else) the model call.
+    pub(super) fn call_model(&self, myself: &ActorRef<SessionMsg>, live: &mut Live, turn: u32) {
+        if Self::thinks_first(live, turn) {
+            self.think(myself, live, turn, None);
+        } else {
+            self.ask_model(myself, live, turn);
         }
     }
 
     /// Offloads the model call of `turn`; its deltas and reply come back as messages.
-    pub(super) fn call_model(&self, myself: &ActorRef<SessionMsg>, live: &mut Live, turn: u32) {
+    pub(super) fn ask_model(&self, myself: &ActorRef<SessionMsg>, live: &mut Live, turn: u32) {
         let answer_now = prompt::answer_now(&live.conversation, turn, live.run.limits.max_turns);
         let synthesis = answer_now.is_some();
         let blocked = live.ledger.blocked_tools(turn);

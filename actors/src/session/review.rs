@@ -115,13 +115,19 @@ impl Session {
         match final_answer {
             Some(answer) => {
                 let not_an_answer = crate::answer::not_an_answer_to(&live.run.input, &answer);
+                // A reflecting agent judges its answer itself (below); the review's
+                // `gather_more` sends back the answers of the others, once.
+                let gather_more = recommendation == Recommendation::GatherMore && !live.agent.reflect;
                 let reflect = !synthesis
-                    && (recommendation == Recommendation::GatherMore || not_an_answer.is_some())
+                    && (gather_more || not_an_answer.is_some())
                     && live.reflections < self.shared.config.max_reflections
                     && turn < max_turns;
                 if reflect {
                     live.reflections += 1;
                     self.start_turn(myself, live, turn + 1).await
+                } else if not_an_answer.is_none() && live.agent.reflect && !synthesis {
+                    self.think(myself, live, turn, Some(answer));
+                    Ok(())
                 } else if let Some(why) = not_an_answer {
                     // Runtime text or a call written as text is never a final answer,
                     // whatever the review said.
@@ -149,7 +155,7 @@ impl Session {
         live.model_task = None;
         live.cancel.cancel();
         let cut_short = match &live.phase {
-            Phase::Model { turn, .. } => Some(*turn),
+            Phase::Model { turn, .. } | Phase::Think { turn, answer: None } => Some(*turn),
             Phase::Tools(tools) | Phase::WaitingInput(tools) => Some(tools.turn),
             _ => None,
         };

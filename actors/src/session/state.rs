@@ -92,12 +92,25 @@ impl Live {
 /// Where the turn loop stands.
 pub(super) enum Phase {
     Idle,
-    Model { turn: u32, synthesis: bool },
+    Model {
+        turn: u32,
+        synthesis: bool,
+    },
     // Boxed: a run spends most of its life waiting on the model, and a session
     // should not carry a tool turn's room while it does.
     Tools(Box<ToolTurn>),
     WaitingInput(Box<ToolTurn>),
-    Review { turn: u32, final_answer: Option<String>, synthesis: bool },
+    Review {
+        turn: u32,
+        final_answer: Option<String>,
+        synthesis: bool,
+    },
+    /// A reflecting agent reasons: before turn `turn` acts (`answer` `None`), or
+    /// about the answer turn `turn` gave.
+    Think {
+        turn: u32,
+        answer: Option<String>,
+    },
     Finished,
 }
 

@@ -6,6 +6,7 @@ mod approvals;
 mod control;
 mod hooks_e2e;
 mod promises;
+mod reflect;
 mod steps;
 mod sub_runs;
 mod supervision;
@@ -52,6 +53,8 @@ struct Setup {
     without_builtins: Vec<String>,
     /// The agent's steps.
     steps: Vec<crate::steps::AgentStep>,
+    /// Whether the agent reflects.
+    reflect: bool,
 }
 
 impl Setup {
@@ -68,6 +71,7 @@ impl Setup {
             grounded: false,
             without_builtins: Vec::new(),
             steps: Vec::new(),
+            reflect: false,
         }
     }
 
@@ -95,6 +99,7 @@ impl Setup {
         agent.grounded = self.grounded;
         agent.without_builtins = self.without_builtins;
         agent.steps = self.steps;
+        agent.reflect = self.reflect;
         let model = Arc::new(self.model);
         let deps = Deps {
             store: self.store,
