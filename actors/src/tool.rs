@@ -192,6 +192,12 @@ pub trait Tool: Send + Sync + 'static {
         None
     }
 
+    /// Where the tool lives, for its calls' telemetry records: `local` (the
+    /// default, a tool of this process), `mcp:SERVER`, or the tool's own word.
+    fn connector(&self) -> String {
+        "local".to_owned()
+    }
+
     /// Runs the call. Failures are values; a panic is caught by the pool.
     async fn call(&self, context: ToolContext, args: Value) -> Result<ToolOutput, ToolError>;
 }
@@ -281,6 +287,16 @@ impl ToolRegistry {
     /// The tool called `name`.
     pub fn get(&self, name: &str) -> Option<&Arc<RegisteredTool>> {
         self.tools.get(name)
+    }
+
+    /// Where the tool `name` lives (see [`Tool::connector`]): `builtin` for the
+    /// tools the runtime answers itself, `none` for a name nothing answers to.
+    pub fn connector(&self, name: &str) -> String {
+        match (crate::builtin::BuiltinTool::from_name(name), self.tools.get(name)) {
+            (Some(_), _) => "builtin".to_owned(),
+            (None, Some(registered)) => registered.tool.connector(),
+            (None, None) => "none".to_owned(),
+        }
     }
 
     /// Names of all tools, sorted.

@@ -51,6 +51,10 @@ impl Tool for McpTool {
         &self.description
     }
 
+    fn connector(&self) -> String {
+        format!("mcp:{}", self.server.name)
+    }
+
     /// Any object: the arguments are checked in [`McpTool::call`] against the
     /// schema the server lists now, which may change while the daemon runs.
     fn parameters(&self) -> Value {

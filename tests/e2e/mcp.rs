@@ -145,6 +145,15 @@ async fn a_stdio_server_lists_its_tools_and_a_run_calls_one_with_checked_argumen
             && summary.contains("/a")),
         "{ends:?}"
     );
+    // The telemetry names the server the tool lives on.
+    let connectors: Vec<&str> = events
+        .iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::ToolMetric { record } => Some(record.connector.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(connectors, ["mcp:everything", "mcp:everything"]);
     // The model was offered the server's own schema, under the safe name.
     let offered = &model.requests()[0].tools;
     let sum = offered.iter().find(|tool| tool.name == "everything__get-sum").expect("offered");

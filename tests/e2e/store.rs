@@ -16,7 +16,7 @@ use troupe_actors::config::{AgentConfig, RuntimeConfig};
 use troupe_actors::llm::ModelRegistry;
 use troupe_actors::protocol::{
     CallStatus, EventKind, Fragment, Limits, Plan, Recommendation, Review, ReviewStatus, RunEvent, RunId, RunStatus,
-    TaskStatus, TodoItem, ToolExecutionRecord, Usage,
+    TaskStatus, TodoItem, ToolCall, ToolExecutionRecord, Usage,
 };
 use troupe_actors::store::{
     Commit, MemoryStore, RunQuery, RunRecord, RunSnapshot, RunStore, StoreError, StoreWrite, StoredMessage,
@@ -69,21 +69,13 @@ pub(crate) fn event(run_id: RunId, seq: u64, kind: EventKind) -> RunEvent {
 }
 
 fn execution(run_id: RunId, call_id: &str, status: CallStatus) -> ToolExecutionRecord {
-    ToolExecutionRecord {
-        run: run_id,
-        original_args: None,
-        turn: 1,
-        call_id: call_id.into(),
-        tool: "echo".into(),
-        args: json!({"text": "x"}),
-        started_at: Utc::now(),
-        duration_ms: 3,
-        cost_usd: 0.0,
-        result_summary: "x".into(),
-        fragments_added: 0,
-        status,
-        error: None,
-    }
+    let call = ToolCall { call_id: call_id.into(), name: "echo".into(), args: json!({"text": "x"}) };
+    let mut record = ToolExecutionRecord::started(run_id, "a", "local".into(), 1, &call);
+    record.duration_ms = 3;
+    record.result_summary = "x".into();
+    record.status = status;
+    record.error_message = Some("a detail".into()).filter(|_| status == CallStatus::Failed);
+    record
 }
 
 fn review() -> Review {

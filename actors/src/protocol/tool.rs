@@ -189,10 +189,68 @@ pub struct ToolExecutionRecord {
     pub result_summary: String,
     /// Citable documents the result added.
     pub fragments_added: usize,
+    /// Their ids.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fragment_ids: Vec<String>,
     /// Where the call stands.
     pub status: CallStatus,
     /// The error code or skip reason, if any.
     pub error: Option<String>,
+    /// What went wrong, in words (the failure's message, the skip's detail).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_message: Option<String>,
+    /// The agent whose run made the call.
+    #[serde(default)]
+    pub agent: String,
+    /// Where the tool lives: `builtin` (the runtime answers it), `local` (a tool
+    /// of this daemon), `mcp:SERVER` (an MCP server's), or what the tool says.
+    #[serde(default)]
+    pub connector: String,
+}
+
+impl ToolExecutionRecord {
+    /// The record of `call`, `started` now, with its arguments as the model gave them.
+    pub fn started(run: RunId, agent: &str, connector: String, turn: u32, call: &ToolCall) -> Self {
+        Self {
+            run,
+            turn,
+            call_id: call.call_id.clone(),
+            tool: call.name.clone(),
+            args: call.args.clone(),
+            original_args: None,
+            started_at: Utc::now(),
+            duration_ms: 0,
+            cost_usd: 0.0,
+            result_summary: String::new(),
+            fragments_added: 0,
+            fragment_ids: Vec::new(),
+            status: CallStatus::Started,
+            error: None,
+            error_message: None,
+            agent: agent.to_owned(),
+            connector,
+        }
+    }
+
+    /// The record as `outcome` ended the call: its status, error and summary (at
+    /// most 200 characters of what the model reads).
+    pub fn ended(mut self, outcome: &ToolOutcome) -> Self {
+        self.status = outcome.status();
+        (self.error, self.error_message) = match outcome {
+            ToolOutcome::Ok { .. } => (None, None),
+            ToolOutcome::Failed { code, message } => (Some(code.clone()), Some(message.clone())),
+            ToolOutcome::Skipped { reason, detail } => (Some(reason.as_str().to_owned()), Some(detail.clone())),
+            ToolOutcome::Interrupted => {
+                (Some("interrupted".to_owned()), Some("the call was cut off before it ended".to_owned()))
+            }
+        };
+        let text = outcome.to_model_text();
+        self.result_summary = match text.char_indices().nth(200) {
+            Some((cut, _)) => format!("{}…", &text[..cut]),
+            None => text,
+        };
+        self
+    }
 }
 
 /// A citation of the final answer: marker `[n]` resolved to a document.

@@ -6,7 +6,7 @@
 
 use chrono::Utc;
 
-use crate::protocol::{CallStatus, EventKind, RunEvent, RunId, ToolExecutionRecord};
+use crate::protocol::{EventKind, RunEvent, RunId, ToolExecutionRecord};
 use crate::shared::RuntimeShared;
 use crate::store::{Commit, StoreError, StoreWrite};
 use crate::tool_pool::WorkItem;
@@ -57,20 +57,7 @@ impl Outbox {
 }
 
 /// The record of a call committed as `started` before it runs.
-pub(super) fn started_record(work: &WorkItem) -> ToolExecutionRecord {
-    ToolExecutionRecord {
-        run: work.run_id,
-        original_args: None,
-        turn: work.turn,
-        call_id: work.call.call_id.clone(),
-        tool: work.call.name.clone(),
-        args: work.call.args.clone(),
-        started_at: Utc::now(),
-        duration_ms: 0,
-        cost_usd: 0.0,
-        result_summary: String::new(),
-        fragments_added: 0,
-        status: CallStatus::Started,
-        error: None,
-    }
+pub(super) fn started_record(shared: &RuntimeShared, work: &WorkItem) -> ToolExecutionRecord {
+    let connector = shared.pool.registry.connector(&work.call.name);
+    ToolExecutionRecord::started(work.run_id, &work.agent, connector, work.turn, &work.call)
 }

@@ -137,27 +137,11 @@ impl Session {
             (ToolOutcome::Ok { .. }, _) => "Received the user's answer".to_owned(),
             (_, _) => format!("{} was rejected", call.name),
         };
-        let status = outcome.status();
-        let error = match &outcome {
-            ToolOutcome::Failed { code, .. } => Some(code.clone()),
-            ToolOutcome::Skipped { reason, .. } => Some(reason.as_str().to_owned()),
-            _ => None,
-        };
-        let record = ToolExecutionRecord {
-            run: live.run.run_id,
-            original_args: None,
-            turn,
-            call_id: call.call_id.clone(),
-            tool: call.name.clone(),
-            args: call.args.clone(),
-            started_at,
-            duration_ms,
-            cost_usd: 0.0,
-            result_summary: outcome.to_model_text().chars().take(200).collect(),
-            fragments_added: 0,
-            status,
-            error,
-        };
+        let mut record =
+            ToolExecutionRecord::started(live.run.run_id, &live.agent.name, "builtin".to_owned(), turn, &call)
+                .ended(&outcome);
+        record.started_at = started_at;
+        record.duration_ms = duration_ms;
         // A built-in counts in the run's ledger like any tool: its failures strike
         // (three block it), its successes make later identical calls duplicates.
         let newly_blocked = BuiltinTool::from_name(&call.name).is_some() && self.book_builtin(live, &record, &outcome);

@@ -10,7 +10,7 @@ use tracing::{info, warn};
 use crate::builtin::BuiltinTool;
 use crate::config::ReviewerKind;
 use crate::metrics;
-use crate::protocol::{CallStatus, EventKind, Recommendation, Review, RunStatus};
+use crate::protocol::{EventKind, Recommendation, Review, RunStatus, ToolOutcome};
 use crate::reviewer::{CallSummary, ReviewInput, ReviewReply, ReviewerMsg};
 use crate::session::outbox::started_record;
 use crate::session::prompt::{self, resolve_citations};
@@ -166,9 +166,8 @@ impl Session {
                 // Calls the session answers itself leave no `started` record.
                 let answered_here = BuiltinTool::from_name(&call.name).is_some_and(|tool| !tool.opt_in());
                 if tools.results[index].is_none() && !answered_here {
-                    let mut record = started_record(&live.work(tools.turn, index, call.clone(), live.cancel.clone()));
-                    record.status = CallStatus::Interrupted;
-                    record.error = Some("interrupted".to_owned());
+                    let work = live.work(tools.turn, index, call.clone(), live.cancel.clone());
+                    let record = started_record(&self.shared, &work).ended(&ToolOutcome::Interrupted);
                     live.outbox.writes.push(StoreWrite::ToolExecution(record));
                 }
             }

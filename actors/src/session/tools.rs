@@ -280,7 +280,7 @@ impl Session {
             None => format!("Calling {}", call.name),
         };
         self.emit_call_start(live, work.turn, call, summary);
-        live.outbox.write(StoreWrite::ToolExecution(started_record(work)));
+        live.outbox.write(StoreWrite::ToolExecution(started_record(&self.shared, work)));
     }
 
     /// The `tool_call_start` and `reasoning_step` events of a call.

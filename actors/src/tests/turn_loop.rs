@@ -647,3 +647,27 @@ async fn a_provider_outage_longer_than_the_wait_fails_the_run() {
     assert_eq!(model_retries(&events), [(1, 2_000)], "a second pause of 4 s would pass the 5 s wait");
     assert_eq!(harness.requests().len(), 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_calls_record_names_its_agent_connector_documents_and_error() {
+    let model = ScriptedModel::per_turn(vec![
+        calls(&[
+            ("search", json!({"query": "a"})),
+            ("flaky", json!({})),
+            ("todo_write", crate::testing::todo(&[("1", "look", "in_progress")])),
+        ]),
+        text("done"),
+    ]);
+    let harness = Setup::new(model).start().await;
+    let (record, _) = harness.run("find a").await;
+    assert_eq!(record.status, RunStatus::Succeeded);
+    let snapshot = harness.runtime.store().load(record.run_id).await.unwrap().unwrap();
+    let by_tool = |tool: &str| snapshot.tool_executions.iter().find(|call| call.tool == tool).unwrap().clone();
+    let (search, flaky, plan) = (by_tool("search"), by_tool("flaky"), by_tool("todo_write"));
+    assert_eq!((search.agent.as_str(), search.connector.as_str()), ("tester", "local"));
+    assert_eq!(search.fragment_ids, ["a-1", "a-2"], "the documents it added, by id");
+    assert_eq!((search.error, search.error_message), (None, None));
+    assert_eq!(flaky.error.as_deref(), Some("boom"));
+    assert_eq!(flaky.error_message.as_deref(), Some("the service is down"), "the failure in words, not only a code");
+    assert_eq!((plan.connector.as_str(), plan.agent.as_str()), ("builtin", "tester"));
+}

@@ -163,21 +163,13 @@ pub fn book(shared: &PoolShared, work: &WorkItem, ending: Ending, summary: Strin
         metrics::tool_blocked(&call.name);
     }
     debug!(run_id = %work.run_id, tool = %call.name, status = status.as_str(), duration_ms, "tool call finished");
-    let record = ToolExecutionRecord {
-        run: work.run_id,
-        original_args: None,
-        turn: work.turn,
-        call_id: call.call_id.clone(),
-        tool: call.name.clone(),
-        args: call.args.clone(),
-        started_at,
-        duration_ms,
-        cost_usd,
-        result_summary: summarize(&outcome),
-        fragments_added: new_documents.len(),
-        status,
-        error,
-    };
+    let connector = shared.registry.connector(&call.name);
+    let mut record = ToolExecutionRecord::started(work.run_id, &work.agent, connector, work.turn, call).ended(&outcome);
+    record.started_at = started_at;
+    record.duration_ms = duration_ms;
+    record.cost_usd = cost_usd;
+    record.fragments_added = new_documents.len();
+    record.fragment_ids = new_documents.iter().map(|fragment| fragment.id.clone()).collect();
     ToolResult {
         turn: work.turn,
         index: work.index,
@@ -187,14 +179,5 @@ pub fn book(shared: &PoolShared, work: &WorkItem, ending: Ending, summary: Strin
         newly_blocked,
         new_documents,
         summary,
-    }
-}
-
-/// At most 200 characters of the outcome's model text.
-fn summarize(outcome: &ToolOutcome) -> String {
-    let text = outcome.to_model_text();
-    match text.char_indices().nth(200) {
-        Some((cut, _)) => format!("{}…", &text[..cut]),
-        None => text,
     }
 }

@@ -3,7 +3,7 @@
 
 use chrono::Utc;
 use serde_json::json;
-use troupe_actors::protocol::{CallStatus, EventKind, Limits, ToolExecutionRecord};
+use troupe_actors::protocol::{CallStatus, EventKind, Limits, ToolCall, ToolExecutionRecord};
 
 use super::*;
 
@@ -16,21 +16,10 @@ fn record(run_id: RunId) -> RunRecord {
 }
 
 fn call(run_id: RunId, status: CallStatus) -> StoreWrite {
-    StoreWrite::ToolExecution(ToolExecutionRecord {
-        run: run_id,
-        original_args: None,
-        turn: 1,
-        call_id: "c".into(),
-        tool: "echo".into(),
-        args: json!({}),
-        started_at: Utc::now(),
-        duration_ms: 0,
-        cost_usd: 0.0,
-        result_summary: String::new(),
-        fragments_added: 0,
-        status,
-        error: None,
-    })
+    let call = ToolCall { call_id: "c".into(), name: "echo".into(), args: json!({}) };
+    let mut record = ToolExecutionRecord::started(run_id, "a", "local".into(), 1, &call);
+    record.status = status;
+    StoreWrite::ToolExecution(record)
 }
 
 fn commit(run_id: RunId, seqs: std::ops::RangeInclusive<u64>, writes: Vec<StoreWrite>) -> Job {
