@@ -17,7 +17,7 @@ use tracing::warn;
 
 use crate::config::ReviewerKind;
 use crate::llm::{ChatRequest, Message, ModelChunk, ModelClient, ModelRegistry, Role, ToolChoice};
-use crate::protocol::{Plan, Recommendation, Review, ReviewStatus, SkipReason, TaskStatus, TodoItem};
+use crate::protocol::{Plan, Recommendation, Review, ReviewStatus, SkipReason, SuggestedAction, TaskStatus, TodoItem};
 
 /// How one call of the turn ended, as the reviewer sees it.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -228,7 +228,7 @@ pub fn rule_based(input: &ReviewInput) -> Review {
         None => recommend(input, completed, hard),
     };
     for tool in &input.blocked_tools {
-        actions.push(format!("do not call {tool} for now"));
+        actions.push(SuggestedAction::about(tool, format!("do not call {tool} for now: it failed repeatedly")));
     }
     let needs_more_data = recommendation != Recommendation::Proceed;
     let verdict = match &input.ended {
@@ -250,6 +250,7 @@ pub fn rule_based(input: &ReviewInput) -> Review {
         gaps,
         suggested_actions: actions,
         recommendation,
+        question: None,
         updated_plan: None,
         notes,
     }
@@ -258,8 +259,8 @@ pub fn rule_based(input: &ReviewInput) -> Review {
 /// What the turn calls for, judged on the answer rather than on the model's own
 /// bookkeeping (an unfinished plan does not hold back a right answer), with the
 /// action to take.
-fn recommend(input: &ReviewInput, completed: usize, hard: usize) -> (Recommendation, Vec<String>) {
-    let action = |text: &str| vec![text.to_owned()];
+fn recommend(input: &ReviewInput, completed: usize, hard: usize) -> (Recommendation, Vec<SuggestedAction>) {
+    let action = |text: &str| vec![SuggestedAction::reason(text)];
     if input.synthesis {
         return (Recommendation::Proceed, Vec::new());
     }
@@ -270,7 +271,7 @@ fn recommend(input: &ReviewInput, completed: usize, hard: usize) -> (Recommendat
         Some(answer) => match crate::answer::not_an_answer_to(&input.request, answer) {
             Some(why) => (
                 Recommendation::GatherMore,
-                vec![format!("that reply is {why}, not an answer: answer the request in plain words")],
+                action(&format!("that reply is {why}, not an answer: answer the request in plain words")),
             ),
             None if input.ungrounded => (
                 Recommendation::GatherMore,
@@ -316,8 +317,10 @@ struct ModelVerdict {
     #[serde(default)]
     gaps: Vec<String>,
     #[serde(default)]
-    suggested_actions: Vec<String>,
+    suggested_actions: Vec<SuggestedAction>,
     recommendation: Recommendation,
+    #[serde(default)]
+    question: Option<String>,
     #[serde(default)]
     updated_plan: Option<Vec<TodoItem>>,
     #[serde(default)]
@@ -327,8 +330,9 @@ struct ModelVerdict {
 async fn model_review(model: &dyn ModelClient, input: &ReviewInput) -> Result<Review, String> {
     let system = "You review one turn of an AI agent's run. Reply with one JSON object and nothing else: \
         {\"quality_score\": 0..1, \"completeness\": 0..1, \"relevance\": 0..1, \"needs_more_data\": bool, \
-        \"gaps\": [string], \"suggested_actions\": [string], \
-        \"recommendation\": \"proceed\"|\"gather_more\"|\"clarify_query\"|\"replan\", \
+        \"gaps\": [string], \"suggested_actions\": [{\"tool\": string or null, \"arguments\": object or null, \
+        \"reason\": string}], \"recommendation\": \"proceed\"|\"gather_more\"|\"clarify_query\"|\"replan\", \
+        \"question\": the question for the user with clarify_query (the request is unclear), else null, \
         \"updated_plan\": null or [{\"id\", \"content\", \"status\"}], \"notes\": string}";
     let request = ChatRequest {
         messages: vec![
@@ -370,6 +374,7 @@ async fn model_review(model: &dyn ModelClient, input: &ReviewInput) -> Result<Re
         gaps: verdict.gaps,
         suggested_actions: verdict.suggested_actions,
         recommendation: verdict.recommendation,
+        question: verdict.question.filter(|question| !question.trim().is_empty()),
         updated_plan: verdict.updated_plan,
         notes: verdict.notes,
     })
@@ -421,7 +426,7 @@ mod tests {
         ] {
             let review = rule_based(&input(vec![], Some(reply), vec![]));
             assert_eq!(review.recommendation, Recommendation::GatherMore, "{reply}");
-            assert!(review.suggested_actions[0].contains("not an answer"), "{:?}", review.suggested_actions);
+            assert!(review.suggested_actions[0].reason.contains("not an answer"), "{:?}", review.suggested_actions);
         }
     }
 
@@ -431,7 +436,7 @@ mod tests {
         turn.ungrounded = true;
         let review = rule_based(&turn);
         assert_eq!(review.recommendation, Recommendation::GatherMore);
-        assert!(review.suggested_actions[0].contains("call a tool"));
+        assert!(review.suggested_actions[0].reason.contains("call a tool"));
         turn.ungrounded = false;
         assert_eq!(rule_based(&turn).recommendation, Recommendation::Proceed);
     }
@@ -441,8 +446,8 @@ mod tests {
         let duplicate = CallSummary { tool: "t".into(), status: "skipped", skip: Some(SkipReason::Duplicate) };
         let review = rule_based(&input(vec![duplicate], None, vec![]));
         assert_eq!(review.recommendation, Recommendation::Proceed, "the session asks for the answer next");
-        assert!(review.suggested_actions[0].contains("already ran"));
-        assert!(!review.suggested_actions.iter().any(|action| action.contains("todo_write")));
+        assert!(review.suggested_actions[0].reason.contains("already ran"));
+        assert!(!review.suggested_actions.iter().any(|action| action.reason.contains("todo_write")));
     }
 
     #[test]
@@ -481,12 +486,19 @@ mod tests {
     async fn a_model_review_is_validated_against_the_schema() {
         let review = model_verdict(
             r#"Verdict: {"quality_score": 0.9, "completeness": 0.4, "relevance": 1.0, "needs_more_data": true,
-               "gaps": ["dates"], "suggested_actions": [], "recommendation": "gather_more", "notes": "check dates"}"#,
+               "gaps": ["dates"], "suggested_actions": [{"tool": "search", "arguments": {"q": "dates"},
+               "reason": "find the dates"}, "then answer"], "recommendation": "gather_more", "notes": "check dates"}"#,
         )
         .await;
         assert_eq!(review.status, ReviewStatus::Ok);
         assert_eq!(review.recommendation, Recommendation::GatherMore);
         assert_eq!(review.gaps, vec!["dates".to_owned()]);
+        let search = SuggestedAction {
+            tool: Some("search".into()),
+            arguments: Some(serde_json::json!({"q": "dates"})),
+            reason: "find the dates".into(),
+        };
+        assert_eq!(review.suggested_actions, [search, SuggestedAction::reason("then answer")], "typed, or a string");
     }
 
     #[tokio::test]

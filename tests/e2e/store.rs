@@ -86,8 +86,9 @@ fn review() -> Review {
         relevance: 1.0,
         needs_more_data: false,
         gaps: vec!["one gap".into()],
-        suggested_actions: vec![],
+        suggested_actions: vec![troupe_actors::protocol::SuggestedAction::reason("answer")],
         recommendation: Recommendation::Proceed,
+        question: Some("which one?".into()),
         updated_plan: None,
         notes: "fine".into(),
     }

@@ -10,6 +10,7 @@ use futures::StreamExt;
 use ractor::{ActorProcessingErr, ActorRef};
 use tracing::{Instrument, warn};
 
+use crate::builtin::BuiltinTool;
 use crate::llm::{Message, ModelChunk, ModelClient, ModelDelta, ModelError, ModelReply, Role, ToolChoice};
 use crate::metrics;
 use crate::protocol::{EventKind, RunStatus, ToolCall};
@@ -69,7 +70,15 @@ impl Session {
     /// Starts `turn`'s work: a reflecting agent's reasoning before it acts, then
     /// (or else) the model call.
     pub(super) fn call_model(&self, myself: &ActorRef<SessionMsg>, live: &mut Live, turn: u32) {
-        if Self::thinks_first(live, turn) {
+        if let Some(question) = live.clarify.take() {
+            // A review found the request unclear: this turn is the runtime's
+            // `ask_user` call, which parks the run for the user's answer.
+            live.phase = Phase::Model { turn, synthesis: false };
+            let args = serde_json::json!({ "question": question });
+            let call =
+                ToolCall { call_id: format!("clarify_{turn}"), name: BuiltinTool::AskUser.name().to_owned(), args };
+            let _ = myself.cast(SessionMsg::StepCall { turn, call });
+        } else if Self::thinks_first(live, turn) {
             self.think(myself, live, turn, None);
         } else {
             self.ask_model(myself, live, turn);

@@ -248,7 +248,12 @@ pub fn review_message(turn: u32, review: &Review) -> Message {
         text.push_str(&format!("Missing: {gap}\n"));
     }
     for action in &review.suggested_actions {
-        text.push_str(&format!("Suggested: {action}\n"));
+        let call = match (&action.tool, &action.arguments) {
+            (Some(tool), Some(arguments)) => format!(" (call {tool} with {arguments})"),
+            (Some(tool), None) => format!(" ({tool})"),
+            _ => String::new(),
+        };
+        text.push_str(&format!("Suggested: {}{call}\n", action.reason));
     }
     // A replan's tasks are the run's plan from now on: the model reads them here.
     for item in review.updated_plan.iter().flatten() {

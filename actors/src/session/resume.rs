@@ -106,6 +106,7 @@ impl Session {
             draining: false,
             waiting_on: None,
             outage: None,
+            clarify: None,
         });
         if known_agent.is_none() || model.is_none() {
             let reason = format!("agent {} or its model is not configured", live.run.agent);
@@ -140,7 +141,7 @@ impl Session {
             .map(|m| m.message.clone());
         if let Some((_, review)) = snapshot.reviews.iter().rev().find(|(t, _)| *t == turn) {
             let final_answer = assistant.filter(|a| a.tool_calls.is_empty()).map(|a| a.content);
-            let verdict = Verdict { turn, final_answer, synthesis, recommendation: review.recommendation };
+            let verdict = Verdict::of(turn, final_answer, synthesis, review);
             return self.next_step(myself, live, verdict).await;
         }
         let Some(assistant) = assistant else {

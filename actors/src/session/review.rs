@@ -28,6 +28,20 @@ pub(super) struct Verdict {
     pub(super) synthesis: bool,
     /// What the reviewer recommends.
     pub(super) recommendation: Recommendation,
+    /// With `clarify_query`: the question for the user.
+    pub(super) question: Option<String>,
+}
+
+impl Verdict {
+    /// The verdict of `review` on `turn`.
+    pub(super) fn of(turn: u32, final_answer: Option<String>, synthesis: bool, review: &Review) -> Self {
+        let question = (review.recommendation == Recommendation::ClarifyQuery).then(|| match &review.question {
+            Some(question) => question.clone(),
+            None if review.gaps.is_empty() => "Could you say more about what you need?".to_owned(),
+            None => format!("Could you say more about what you need? Unclear: {}.", review.gaps.join("; ")),
+        });
+        Self { turn, final_answer, synthesis, recommendation: review.recommendation, question }
+    }
 }
 
 impl Session {
@@ -99,7 +113,7 @@ impl Session {
             live.append_message(turn, prompt::review_message(turn, &review));
         }
         end_turn(live, turn);
-        let verdict = Verdict { turn, final_answer, synthesis, recommendation: review.recommendation };
+        let verdict = Verdict::of(turn, final_answer, synthesis, &review);
         self.next_step(myself, live, verdict).await
     }
 
@@ -110,8 +124,15 @@ impl Session {
         live: &mut Live,
         verdict: Verdict,
     ) -> Result<(), ActorProcessingErr> {
-        let Verdict { turn, final_answer, synthesis, recommendation } = verdict;
+        let Verdict { turn, final_answer, synthesis, recommendation, question } = verdict;
         let max_turns = live.run.limits.max_turns;
+        // An unclear request: the next turn asks the user, as `ask_user` does (for
+        // an agent that may ask).
+        let may_ask = !live.agent.without_builtins.iter().any(|tool| tool == BuiltinTool::AskUser.name());
+        if let Some(question) = question.filter(|_| may_ask && !synthesis && turn < max_turns) {
+            live.clarify = Some(question);
+            return self.start_turn(myself, live, turn + 1).await;
+        }
         match final_answer {
             Some(answer) => {
                 let not_an_answer = crate::answer::not_an_answer_to(&live.run.input, &answer);

@@ -65,6 +65,8 @@ pub(super) struct Live {
     pub(super) waiting_on: Option<RunId>,
     /// Since when the model provider has failed in a row, and how many times.
     pub(super) outage: Option<(tokio::time::Instant, u32)>,
+    /// A question a `clarify_query` review has the next turn ask the user.
+    pub(super) clarify: Option<String>,
 }
 
 impl Live {

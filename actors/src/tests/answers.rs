@@ -233,3 +233,42 @@ async fn an_agent_without_ask_user_is_not_offered_it_and_cannot_park_on_it() {
     assert_eq!(skips(&events), vec![("ask_user".to_owned(), SkipReason::Denied)]);
     assert!(harness.requests().iter().all(|request| request.tools.iter().all(|tool| tool.name != "ask_user")));
 }
+
+/// A model reviewer's verdict with `recommendation` and, perhaps, a question.
+fn judged(recommendation: &str, question: Option<&str>) -> crate::testing::Step {
+    let review = json!({
+        "quality_score": 0.5, "completeness": 0.5, "relevance": 0.5, "needs_more_data": false,
+        "gaps": ["which country"], "suggested_actions": [{"tool": null, "reason": "ask which country"}],
+        "recommendation": recommendation, "question": question, "notes": "judged",
+    });
+    text(&review.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clarify_query_review_asks_the_user_and_the_answer_reaches_the_model() {
+    // One scripted model answers the agent and its model reviewer, in order.
+    let model = ScriptedModel::queue(vec![
+        text("It depends on the country."),
+        judged("clarify_query", Some("Which country's capital do you mean?")),
+        judged("proceed", None),
+        text("The capital of France is Paris."),
+        judged("proceed", None),
+    ]);
+    let mut setup = Setup::new(model);
+    setup.reviewer = crate::config::ReviewerKind::Model { model: None };
+    let harness = setup.start().await;
+    let run_id = harness.submit("What is the capital?").await;
+    let mut stream = harness.runtime.subscribe(run_id, 0);
+    let asked = crate::tests::wait_for(&mut stream, |kind| matches!(kind, EventKind::WaitingInput { .. })).await;
+    let EventKind::WaitingInput { prompt, .. } = &asked.kind else { unreachable!() };
+    assert_eq!(prompt, "Which country's capital do you mean?", "the reviewer's question, asked as ask_user asks");
+
+    let answer = crate::runtime::RunInput::Text("France".to_owned());
+    harness.runtime.input(run_id, answer).await.unwrap();
+    let (record, events) = harness.finish(run_id).await;
+    assert_eq!(record.status, RunStatus::Succeeded);
+    assert_eq!(record.final_output.as_deref(), Some("The capital of France is Paris."));
+    assert_eq!(count(&events, "review"), 3, "every turn reviewed, the asking one too");
+    let last = harness.requests().into_iter().rev().nth(1).expect("the agent's last turn");
+    assert!(tool_messages(&last).iter().any(|result| result.contains("France")), "the user's answer reaches the model");
+}

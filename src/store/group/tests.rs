@@ -97,8 +97,9 @@ fn values_written_as_rows_and_events_are_serialized_once_and_read_back_unchanged
         relevance: 0.25,
         needs_more_data: false,
         gaps: vec!["a \"gap\"".into()],
-        suggested_actions: Vec::new(),
+        suggested_actions: vec![troupe_actors::protocol::SuggestedAction::about("echo", "call it again")],
         recommendation: Recommendation::Proceed,
+        question: None,
         updated_plan: Some(vec![item("3")]),
         notes: "line\nbreak".into(),
     };
