@@ -1,7 +1,8 @@
 //! Which tool calls wait for a human. A call needs approval when its tool says so
-//! (`Tool::requires_approval`), when config lists the tool, or when a policy rule
-//! matches: by the call's arguments, or by the run's classification and
-//! confidence. A run is classified by any tool whose result carries a top-level
+//! (`Tool::requires_approval`) or config lists the tool, unless an agent's
+//! `auto_approve` lifts that for a confidently classified run; and, whatever the
+//! agent, when a policy rule matches: by the call's arguments, or by the run's
+//! classification and confidence. A run is classified by any tool whose result carries a top-level
 //! `classification` (string) and/or `confidence` (0..1): the latest such result
 //! wins.
 
@@ -45,6 +46,34 @@ impl ApprovalRule {
     /// confidence below 0.8, every call with side effects goes to a human.
     pub fn seed() -> Self {
         Self { classifications: vec!["complaint".to_owned()], min_confidence: Some(0.8), ..Self::default() }
+    }
+}
+
+/// An agent's `[[auto_approve]]`: calls of `tools` that their tool (or the
+/// configuration) sends to a human go without one in a run classified with a
+/// confidence of at least `min_confidence` (and as one of `classifications`, when
+/// given). The policy rules still apply: the seed rule holds a complaint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AutoApproval {
+    /// The tools it covers.
+    pub tools: Vec<String>,
+    /// The least confidence of the run's classification.
+    pub min_confidence: f64,
+    /// The classifications it covers; empty: any.
+    #[serde(default)]
+    pub classifications: Vec<String>,
+}
+
+impl AutoApproval {
+    /// Whether it lifts the approval of a call of `tool` in a run of `labels`.
+    /// Every classification the run was given must be covered.
+    fn lifts(&self, tool: &str, labels: &RunLabels) -> bool {
+        let covered = |given: &String| self.classifications.iter().any(|wanted| wanted.eq_ignore_ascii_case(given));
+        self.tools.iter().any(|name| name == tool)
+            && labels.confidence.is_some_and(|confidence| confidence >= self.min_confidence)
+            && !labels.classifications.is_empty()
+            && (self.classifications.is_empty() || labels.classifications.iter().all(covered))
     }
 }
 
@@ -99,14 +128,20 @@ pub fn reason(
     traits: &ToolTraits,
     args: &Value,
     labels: &RunLabels,
+    lifted: &[AutoApproval],
 ) -> Option<String> {
+    let rules = || config.rules.iter().find_map(|rule| rule_reason(rule, tool, traits, args, labels));
+    let listed = config.tools.iter().any(|name| name == tool);
+    if (traits.requires_approval || listed) && lifted.iter().any(|lift| lift.lifts(tool, labels)) {
+        return rules();
+    }
     if traits.requires_approval {
         return Some(format!("{tool} always needs approval"));
     }
-    if config.tools.iter().any(|name| name == tool) {
+    if listed {
         return Some(format!("the configuration requires approval for {tool}"));
     }
-    config.rules.iter().find_map(|rule| rule_reason(rule, tool, traits, args, labels))
+    rules()
 }
 
 fn rule_reason(
@@ -176,11 +211,19 @@ mod tests {
     fn the_seed_rule_sends_complaints_and_low_confidence_to_a_human() {
         let config = ApprovalConfig::default();
         let args = json!({});
-        assert!(reason(&config, "reply", &SIDE_EFFECT, &args, &labels("complaint", 0.95)).is_some());
-        assert!(reason(&config, "reply", &SIDE_EFFECT, &args, &labels("question", 0.5)).is_some());
-        assert_eq!(reason(&config, "reply", &SIDE_EFFECT, &args, &labels("question", 0.95)), None);
-        assert_eq!(reason(&config, "search", &READ_ONLY, &args, &labels("complaint", 0.5)), None, "reads run freely");
-        assert_eq!(reason(&config, "reply", &SIDE_EFFECT, &args, &RunLabels::default()), None, "unclassified runs");
+        assert!(reason(&config, "reply", &SIDE_EFFECT, &args, &labels("complaint", 0.95), &[]).is_some());
+        assert!(reason(&config, "reply", &SIDE_EFFECT, &args, &labels("question", 0.5), &[]).is_some());
+        assert_eq!(reason(&config, "reply", &SIDE_EFFECT, &args, &labels("question", 0.95), &[]), None);
+        assert_eq!(
+            reason(&config, "search", &READ_ONLY, &args, &labels("complaint", 0.5), &[]),
+            None,
+            "reads run freely"
+        );
+        assert_eq!(
+            reason(&config, "reply", &SIDE_EFFECT, &args, &RunLabels::default(), &[]),
+            None,
+            "unclassified runs"
+        );
     }
 
     #[test]
@@ -192,11 +235,31 @@ mod tests {
         };
         let config = ApprovalConfig { tools: vec!["pay".into()], rules: vec![rule] };
         let none = RunLabels::default();
-        assert!(reason(&config, "pay", &READ_ONLY, &json!({}), &none).is_some());
-        assert!(reason(&config, "send", &SIDE_EFFECT, &json!({"to": "bob@outside.example"}), &none).is_some());
-        assert_eq!(reason(&config, "send", &SIDE_EFFECT, &json!({"to": "bob@inside.example"}), &none), None);
+        assert!(reason(&config, "pay", &READ_ONLY, &json!({}), &none, &[]).is_some());
+        assert!(reason(&config, "send", &SIDE_EFFECT, &json!({"to": "bob@outside.example"}), &none, &[]).is_some());
+        assert_eq!(reason(&config, "send", &SIDE_EFFECT, &json!({"to": "bob@inside.example"}), &none, &[]), None);
         let declared = ToolTraits { idempotent: true, requires_approval: true };
-        assert!(reason(&config, "anything", &declared, &json!({}), &none).is_some());
+        assert!(reason(&config, "anything", &declared, &json!({}), &none, &[]).is_some());
+    }
+
+    #[test]
+    fn an_agents_auto_approval_lifts_a_tools_own_approval_for_a_confident_run_but_not_the_rules() {
+        let config = ApprovalConfig::default();
+        let send = ToolTraits { idempotent: false, requires_approval: true };
+        let lift = [AutoApproval { tools: vec!["send".into()], min_confidence: 0.8, classifications: vec![] }];
+        let args = json!({});
+        assert_eq!(reason(&config, "send", &send, &args, &labels("meeting_request", 0.9), &lift), None, "sent");
+        let held = |labels: &RunLabels| reason(&config, "send", &send, &args, labels, &lift);
+        assert!(
+            held(&labels("complaint", 0.95)).unwrap().contains("classified as complaint"),
+            "the seed rule holds it"
+        );
+        assert!(held(&labels("meeting_request", 0.7)).is_some(), "not confident enough");
+        assert!(held(&RunLabels::default()).is_some(), "an unclassified run");
+        assert!(reason(&config, "pay", &send, &args, &labels("meeting_request", 0.9), &lift).is_some(), "another tool");
+        let only = [AutoApproval { classifications: vec!["inquiry".into()], ..lift[0].clone() }];
+        assert!(reason(&config, "send", &send, &args, &labels("meeting_request", 0.9), &only).is_some());
+        assert_eq!(reason(&config, "send", &send, &args, &labels("inquiry", 0.9), &only), None);
     }
 
     #[test]
@@ -210,7 +273,7 @@ mod tests {
         assert_eq!(labels.confidence, Some(0.7));
         assert_eq!(labels.classifications, vec!["complaint".to_owned(), "question".to_owned()]);
         let config = ApprovalConfig::default();
-        assert!(reason(&config, "reply", &SIDE_EFFECT, &json!({}), &labels).is_some());
+        assert!(reason(&config, "reply", &SIDE_EFFECT, &json!({}), &labels, &[]).is_some());
     }
 
     #[test]

@@ -154,6 +154,10 @@ pub struct AgentConfig {
     /// reasoning finds incomplete gets another turn. Not with `steps`.
     #[serde(default)]
     pub reflect: bool,
+    /// Calls of tools that ask for a human which go without one in a confidently
+    /// classified run (see [`crate::approvals::AutoApproval`]).
+    #[serde(default)]
+    pub auto_approve: Vec<crate::approvals::AutoApproval>,
 }
 
 impl AgentConfig {
@@ -170,6 +174,7 @@ impl AgentConfig {
             without_builtins: Vec::new(),
             steps: Vec::new(),
             reflect: false,
+            auto_approve: Vec::new(),
         }
     }
 }

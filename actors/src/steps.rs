@@ -6,8 +6,10 @@
 //! arguments is the model's turn with that tool as its only choice (as is one with
 //! `model_writes`, whose `args` are then set over what the model writes); a step with a
 //! `prompt` instead of a tool asks the model (in those words, filled the same way)
-//! to answer, with no tool. A step with a `when` runs only if the value it names
-//! is one of the listed ones (a list of conditions: if each holds).
+//! to answer, with no tool; a step with `finish` ends the run with that answer
+//! (filled the same way), with no model call. A step with a `when` runs only if
+//! the value it names is one of the listed ones (a list of conditions: if each
+//! holds).
 //!
 //! `{input.quoted}` is the list of texts the request quotes (in '…', "…", ‘…’ or
 //! “…”), none when it quotes nothing: `{input.quoted.0}` is the first, and a path
@@ -39,6 +41,10 @@ pub struct AgentStep {
     /// An answer step's request to the model, with `{input}` and `{TOOL.PATH}`.
     #[serde(default)]
     pub prompt: Option<String>,
+    /// The run's answer, with `{input}` and `{TOOL.PATH}`: the run ends with it,
+    /// and the model is not asked.
+    #[serde(default)]
+    pub finish: Option<String>,
     /// Its arguments, with `{input}` and `{TOOL.PATH}` in strings; left out, the
     /// model writes them (the tool is its only choice that turn).
     #[serde(default)]
@@ -72,8 +78,9 @@ impl When {
     }
 }
 
-/// When a step runs: its field's value is one of `in`, or contains one of
-/// `contains` (ignoring case); or, with `absent`, the field has no value.
+/// When a step runs: its field's value is one of `in`, contains one of
+/// `contains` (ignoring case), or is a number of at least `at_least`; or, with
+/// `absent`, the field has no value.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StepCondition {
@@ -90,6 +97,9 @@ pub struct StepCondition {
     /// nothing, a source that failed or found nothing).
     #[serde(default)]
     pub absent: bool,
+    /// The least value, for a number (a confidence, say).
+    #[serde(default)]
+    pub at_least: Option<f64>,
 }
 
 impl StepCondition {
@@ -98,6 +108,9 @@ impl StepCondition {
         let Some(value) = value else { return self.absent };
         if self.absent {
             return false;
+        }
+        if let Some(least) = self.at_least {
+            return value.as_f64().is_some_and(|number| number >= least);
         }
         let value = text_of(value);
         let lowered = value.to_lowercase();
@@ -127,27 +140,45 @@ pub enum NextStep {
         /// The request to the model, filled.
         prompt: String,
     },
+    /// The run ends with this answer; the model is not asked.
+    Finish {
+        /// The answer, filled.
+        answer: String,
+    },
 }
 
 /// Why an agent's steps cannot be used as written.
 pub fn check(steps: &[AgentStep], tools: &[String]) -> Result<(), String> {
     for (index, step) in steps.iter().enumerate() {
         let number = index + 1;
-        match (&step.tool, &step.prompt, &step.args) {
-            (Some(tool), None, _) if !tools.contains(tool) => {
-                return Err(format!("step {number} calls {tool:?}, which is not among the agent's tools"));
+        if step.finish.is_some() {
+            if step.tool.is_some() || step.prompt.is_some() || step.args.is_some() || step.model_writes {
+                return Err(format!("step {number}: finish stands alone (no tool, args or prompt)"));
             }
-            (Some(_), None, Some(args)) if !args.is_object() => {
-                return Err(format!("step {number}: args must be a table of the tool's arguments"));
+        } else {
+            match (&step.tool, &step.prompt, &step.args) {
+                (Some(tool), None, _) if !tools.contains(tool) => {
+                    return Err(format!("step {number} calls {tool:?}, which is not among the agent's tools"));
+                }
+                (Some(_), None, Some(args)) if !args.is_object() => {
+                    return Err(format!("step {number}: args must be a table of the tool's arguments"));
+                }
+                (Some(_), None, _) | (None, Some(_), None) if !(step.model_writes && step.tool.is_none()) => {}
+                _ => {
+                    return Err(format!(
+                        "step {number} needs either a tool (with or without args), a prompt or finish"
+                    ));
+                }
             }
-            (Some(_), None, _) | (None, Some(_), None) if !(step.model_writes && step.tool.is_none()) => {}
-            _ => return Err(format!("step {number} needs either a tool (with or without args) or a prompt")),
         }
         let conditions = step.when.as_ref().map_or(&[][..], When::conditions);
-        if conditions.iter().any(|when| when.one_of.is_empty() && when.contains.is_empty() && !when.absent) {
-            return Err(format!("step {number}: when needs `in`, `contains` or `absent`"));
+        let vague = |when: &&StepCondition| {
+            when.one_of.is_empty() && when.contains.is_empty() && !when.absent && when.at_least.is_none()
+        };
+        if conditions.iter().any(|when| vague(&when)) {
+            return Err(format!("step {number}: when needs `in`, `contains`, `at_least` or `absent`"));
         }
-        let prompt = step.prompt.as_ref().map(|prompt| Value::String(prompt.clone()));
+        let prompt = step.prompt.as_ref().or(step.finish.as_ref()).map(|text| Value::String(text.clone()));
         let fields = conditions.iter().map(|when| when.field.as_str());
         let templates = step.args.iter().chain(prompt.iter());
         let references: Vec<&str> = fields.chain(templates.flat_map(placeholders)).collect();
@@ -175,6 +206,12 @@ pub fn next(steps: &[AgentStep], input: &str, conversation: &[Message]) -> Optio
             continue;
         }
         let this = match (&step.tool, &step.args, &step.prompt) {
+            _ if step.finish.is_some() => {
+                match step.finish.as_ref().and_then(|text| fill(&Value::String(text.clone()), &results)) {
+                    Some(filled) => NextStep::Finish { answer: text_of(&filled) },
+                    None => continue,
+                }
+            }
             (Some(tool), Some(template), _) => match fill(template, &results) {
                 Some(Value::Object(fixed)) if step.model_writes => NextStep::Model { tool: tool.clone(), fixed },
                 Some(args) => NextStep::Call { tool: tool.clone(), args },
@@ -428,6 +465,32 @@ mod tests {
     }
 
     #[test]
+    fn a_confident_classification_may_finish_the_run_at_once() {
+        let steps: Vec<AgentStep> = serde_json::from_value(json!([
+            {"tool": "analyze_email_content", "args": {"email_id": "{input}"}},
+            {"finish": "Spam ({analyze_email_content.confidence}): no reply.",
+             "when": [{"field": "analyze_email_content.classification", "in": ["spam"]},
+                      {"field": "analyze_email_content.confidence", "at_least": 0.8}]},
+            {"prompt": "Report"},
+        ]))
+        .unwrap();
+        assert_eq!(check(&steps, &["analyze_email_content".to_owned()]), Ok(()));
+        let after = |analysis: Value| {
+            let conversation = vec![
+                Message::text(Role::User, "x"),
+                call("a1", "analyze_email_content"),
+                Message::tool_result("a1", analysis.to_string()),
+            ];
+            next(&steps, "x", &conversation)
+        };
+        let finish = Some(NextStep::Finish { answer: "Spam (0.95): no reply.".into() });
+        assert_eq!(after(json!({"classification": "spam", "confidence": 0.95})), finish);
+        let report = Some(NextStep::Answer { prompt: "Report".into() });
+        assert_eq!(after(json!({"classification": "spam", "confidence": 0.6})), report, "not confident enough");
+        assert_eq!(after(json!({"classification": "inquiry", "confidence": 0.95})), report);
+    }
+
+    #[test]
     fn a_false_condition_skips_a_step_and_the_steps_it_feeds() {
         let steps = triage();
         let mut conversation = vec![Message::text(Role::User, "q")];
@@ -453,7 +516,7 @@ mod tests {
         let tools = vec!["create_draft".to_owned()];
         let vague: Vec<AgentStep> =
             serde_json::from_value(json!([{"tool": "create_draft", "when": {"field": "input"}}])).unwrap();
-        assert!(check(&vague, &tools).unwrap_err().contains("`in`, `contains` or `absent`"));
+        assert!(check(&vague, &tools).unwrap_err().contains("`in`, `contains`, `at_least` or `absent`"));
     }
 
     #[test]
@@ -514,6 +577,9 @@ mod tests {
         assert!(error.contains("step 4") && error.contains("send_email"), "{error}");
         let both: Vec<AgentStep> = serde_json::from_value(json!([{"tool": "send_email", "prompt": "hi"}])).unwrap();
         assert!(check(&both, &tools).unwrap_err().contains("either a tool"));
+        let finish_and_tool: Vec<AgentStep> =
+            serde_json::from_value(json!([{"tool": "send_email", "finish": "done"}])).unwrap();
+        assert!(check(&finish_and_tool, &tools).unwrap_err().contains("finish stands alone"));
         let backwards: Vec<AgentStep> = serde_json::from_value(json!([
             {"tool": "analyze_email_content", "args": {"email_id": "{search_emails.emails.0.id}"}}
         ]))

@@ -176,7 +176,14 @@ impl Session {
             _ => None,
         };
         let args = parsed.as_ref().unwrap_or(&call.args);
-        approvals::reason(&self.shared.config.approvals, &call.name, &traits, args, &live.labels)
+        approvals::reason(
+            &self.shared.config.approvals,
+            &call.name,
+            &traits,
+            args,
+            &live.labels,
+            &live.agent.auto_approve,
+        )
     }
 
     /// Parks call `index` until a human decides on it.

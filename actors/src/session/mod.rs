@@ -91,6 +91,14 @@ pub enum SessionMsg {
         /// The call.
         call: ToolCall,
     },
+    /// The answer of an agent step that ends the run, given in place of the
+    /// model's reply (sent to itself).
+    StepAnswer {
+        /// The turn.
+        turn: u32,
+        /// The answer.
+        answer: String,
+    },
     /// A tool call ended.
     ToolDone(Box<ToolResult>),
     /// Calls run by the tool pool ended: their results wait in the inbox, and
@@ -274,6 +282,7 @@ impl Session {
                 self.on_model_done(&myself, live, turn, result, elapsed).await
             }
             SessionMsg::StepCall { turn, call } => self.on_step_call(&myself, live, turn, call).await,
+            SessionMsg::StepAnswer { turn, answer } => self.on_step_answer(&myself, live, turn, answer).await,
             SessionMsg::ToolDone(result) => self.on_tools_done(&myself, live, vec![*result]).await,
             SessionMsg::ToolResults(inbox) => self.on_tools_done(&myself, live, inbox.take()).await,
             SessionMsg::SubRunSpent { usage } => {

@@ -114,6 +114,12 @@ impl Session {
                 let _ = myself.cast(SessionMsg::StepCall { turn, call });
                 return;
             }
+            Some(NextStep::Finish { answer }) => {
+                // The runtime gives this turn's answer; it is reviewed like the model's.
+                live.phase = Phase::Model { turn, synthesis };
+                let _ = myself.cast(SessionMsg::StepAnswer { turn, answer });
+                return;
+            }
             Some(NextStep::Model { tool, .. }) => Some(ToolChoice::Tool(tool)),
             Some(NextStep::Answer { prompt }) => {
                 // The request, asked again right before the answer: a small model
@@ -243,6 +249,21 @@ impl Session {
             return Ok(());
         }
         self.on_reply(myself, live, turn, String::new(), vec![call], false).await
+    }
+
+    /// The answer of an agent step that finishes the run (see [`steps`]), in place
+    /// of the model's reply.
+    pub(super) async fn on_step_answer(
+        &self,
+        myself: &ActorRef<SessionMsg>,
+        live: &mut Live,
+        turn: u32,
+        answer: String,
+    ) -> Result<(), ActorProcessingErr> {
+        if !matches!(live.phase, Phase::Model { turn: current, .. } if current == turn) {
+            return Ok(());
+        }
+        self.on_reply(myself, live, turn, answer, Vec::new(), false).await
     }
 
     /// A turn's reply: an answer goes to review; calls go to the tools.

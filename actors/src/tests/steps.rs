@@ -109,3 +109,22 @@ async fn an_answer_step_asks_in_its_words_right_before_the_answer_with_no_tool()
     let last = requests[0].messages.last().map(|message| (message.role, message.content.clone()));
     assert_eq!(last, Some((crate::llm::Role::User, "From the 2 results above, answer: lamps".to_owned())));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finishing_step_ends_the_run_with_its_answer_and_asks_the_model_nothing() {
+    let mut setup = Setup::new(ScriptedModel::queue(vec![text("the model was asked")]));
+    setup.steps = serde_json::from_value(json!([
+        {"tool": "search", "args": {"query": "{input}"}},
+        {"finish": "Found {search.found} documents; nothing else is needed.", "when": {"field": "search.found", "at_least": 2}},
+        {"prompt": "Say what you found."},
+    ]))
+    .unwrap();
+    let harness = setup.start().await;
+    let (record, events) = harness.run("lamps").await;
+
+    assert_eq!(record.status, RunStatus::Succeeded);
+    assert_eq!(record.final_output.as_deref(), Some("Found 2 documents; nothing else is needed."));
+    assert!(harness.requests().is_empty(), "the model is not asked");
+    let reviewed = events.iter().filter(|event| matches!(event.kind, EventKind::Review { .. })).count();
+    assert_eq!(reviewed, 2, "the finishing turn is reviewed like any");
+}
