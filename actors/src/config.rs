@@ -72,6 +72,11 @@ pub struct RuntimeConfig {
     /// pauses (2 s, 4 s, … up to 60 s), before it fails. Zero: it fails at once.
     #[serde(with = "duration_secs")]
     pub model_outage_wait: Duration,
+    /// The pause before an agent step's call that failed is tried again (it is
+    /// tried [`crate::steps::STEP_ATTEMPTS`] times in all), doubled for each
+    /// further try.
+    #[serde(with = "duration_secs")]
+    pub step_retry_backoff: Duration,
     /// The tool guide: for each tool name, the text the system prompt shows for
     /// it (purpose, when to use it, parameters, an example). Not a config key:
     /// the binary loads it from `config/tools.md`.
@@ -96,6 +101,7 @@ impl Default for RuntimeConfig {
             max_reflections: 1,
             model_timeout: Duration::from_secs(600),
             model_outage_wait: Duration::from_secs(300),
+            step_retry_backoff: Duration::from_secs(1),
             tool_docs: Default::default(),
         }
     }

@@ -20,6 +20,9 @@
 //! go through the same hook chain, approvals, events and store as the model's
 //! calls, one step a turn, so a run resumed after a crash finds where it was.
 //!
+//! A step's call that fails (an error result, not a refusal of the hook chain)
+//! is made again, in the next turn, up to [`STEP_ATTEMPTS`] times in all.
+//!
 //! Which step comes next is read from the conversation alone, never stored: the
 //! steps are walked in order against the run's turns. A step whose reference
 //! does not resolve (its source failed or found nothing) is skipped, as is one
@@ -30,6 +33,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::llm::{Message, Role};
+
+/// How many times a step's call is made before its failure stands.
+pub const STEP_ATTEMPTS: u32 = 3;
 
 /// One step of an agent (see the module's doc).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -127,6 +133,8 @@ pub enum NextStep {
         tool: String,
         /// Its arguments, filled.
         args: Value,
+        /// Which try this is, from 1 (a failed call is made again).
+        attempt: u32,
     },
     /// The model's turn, with this tool as its only choice.
     Model {
@@ -214,7 +222,7 @@ pub fn next(steps: &[AgentStep], input: &str, conversation: &[Message]) -> Optio
             }
             (Some(tool), Some(template), _) => match fill(template, &results) {
                 Some(Value::Object(fixed)) if step.model_writes => NextStep::Model { tool: tool.clone(), fixed },
-                Some(args) => NextStep::Call { tool: tool.clone(), args },
+                Some(args) => NextStep::Call { tool: tool.clone(), args, attempt: 1 },
                 None => continue,
             },
             (Some(tool), None, _) => NextStep::Model { tool: tool.clone(), fixed: serde_json::Map::new() },
@@ -224,24 +232,49 @@ pub fn next(steps: &[AgentStep], input: &str, conversation: &[Message]) -> Optio
             },
             (None, _, None) => continue,
         };
-        let Some(offset) = conversation[seen..].iter().position(|message| message.role == Role::Assistant) else {
-            return Some(this);
-        };
-        let at = seen + offset;
-        let calls = &conversation[at].tool_calls;
-        let taken = match &step.tool {
-            Some(tool) => calls.iter().any(|call| &call.name == tool),
-            None => calls.is_empty(),
-        };
-        if !taken {
-            return None;
+        let mut this = this;
+        loop {
+            let Some(offset) = conversation[seen..].iter().position(|message| message.role == Role::Assistant) else {
+                return Some(this);
+            };
+            let at = seen + offset;
+            let calls = &conversation[at].tool_calls;
+            let taken = match &step.tool {
+                Some(tool) => calls.iter().any(|call| &call.name == tool),
+                None => calls.is_empty(),
+            };
+            if !taken {
+                return None;
+            }
+            seen = conversation[at + 1..]
+                .iter()
+                .position(|message| message.role == Role::Assistant)
+                .map_or(conversation.len(), |next| at + 1 + next);
+            // A runtime call that failed is made again, while tries remain.
+            match &mut this {
+                NextStep::Call { tool, attempt, .. }
+                    if *attempt < STEP_ATTEMPTS && failed(&conversation[at..seen], tool) =>
+                {
+                    *attempt += 1;
+                }
+                _ => break,
+            }
         }
-        seen = conversation[at + 1..]
-            .iter()
-            .position(|message| message.role == Role::Assistant)
-            .map_or(conversation.len(), |next| at + 1 + next);
     }
     None
+}
+
+/// Whether the call of `tool` in a turn's stretch of conversation failed (its
+/// result is an error; a call the hook chain refused is not tried again).
+fn failed(turn: &[Message], tool: &str) -> bool {
+    let Some(call) = turn.first().and_then(|reply| reply.tool_calls.iter().find(|call| call.name == tool)) else {
+        return false;
+    };
+    turn.iter().any(|message| {
+        message.role == Role::Tool
+            && message.tool_call_id.as_deref() == Some(call.call_id.as_str())
+            && message.content.starts_with("error (")
+    })
 }
 
 /// What a step's references read: the request, and the tool results of a
@@ -436,14 +469,18 @@ mod tests {
         let first = next(&steps, input, &conversation);
         assert_eq!(
             first,
-            Some(NextStep::Call { tool: "search_emails".into(), args: json!({"query": input, "limit": 1}) })
+            Some(NextStep::Call {
+                tool: "search_emails".into(),
+                args: json!({"query": input, "limit": 1}),
+                attempt: 1
+            })
         );
         conversation.push(call("s1", "search_emails"));
         conversation.push(Message::tool_result("s1", json!({"emails": [{"id": "x@y"}]}).to_string()));
         let second = next(&steps, input, &conversation);
         assert_eq!(
             second,
-            Some(NextStep::Call { tool: "analyze_email_content".into(), args: json!({"email_id": "x@y"}) })
+            Some(NextStep::Call { tool: "analyze_email_content".into(), args: json!({"email_id": "x@y"}), attempt: 1 })
         );
         conversation.push(call("a1", "analyze_email_content"));
         conversation.push(Message::tool_result("a1", json!({"classification": "complaint"}).to_string()));
@@ -454,7 +491,7 @@ mod tests {
         conversation.push(Message::tool_result("call9", json!({"draft_id": 7}).to_string()));
         let send = next(&steps, input, &conversation);
         let args = json!({"draft_id": 7, "note": "draft 7 of Triage x@y"});
-        assert_eq!(send, Some(NextStep::Call { tool: "send_email".into(), args }));
+        assert_eq!(send, Some(NextStep::Call { tool: "send_email".into(), args, attempt: 1 }));
         conversation.push(call("e1", "send_email"));
         conversation.push(Message::tool_result("e1", json!({"status": "queued"}).to_string()));
         let report = next(&steps, input, &conversation);
@@ -488,6 +525,34 @@ mod tests {
         let report = Some(NextStep::Answer { prompt: "Report".into() });
         assert_eq!(after(json!({"classification": "spam", "confidence": 0.6})), report, "not confident enough");
         assert_eq!(after(json!({"classification": "inquiry", "confidence": 0.95})), report);
+    }
+
+    #[test]
+    fn a_failed_call_of_a_step_is_made_again_up_to_three_times() {
+        let steps = triage();
+        let search = |attempt| {
+            Some(NextStep::Call { tool: "search_emails".into(), args: json!({"query": "q", "limit": 1}), attempt })
+        };
+        let mut conversation = vec![Message::text(Role::User, "q")];
+        for attempt in 1..=STEP_ATTEMPTS {
+            assert_eq!(next(&steps, "q", &conversation), search(attempt));
+            let id = format!("s{attempt}");
+            conversation.push(call(&id, "search_emails"));
+            conversation.push(Message::tool_result(&id, "error (mailbox_unavailable): down"));
+        }
+        assert_eq!(next(&steps, "q", &conversation), None, "the third failure stands; what it feeds is skipped");
+        let refused = vec![
+            Message::text(Role::User, "q"),
+            call("s1", "search_emails"),
+            Message::tool_result("s1", "skipped (blocked): search_emails failed 3 times"),
+        ];
+        assert_eq!(next(&steps, "q", &refused), None, "a refusal is not tried again");
+        let mut recovered = conversation[..3].to_vec();
+        recovered.push(call("s2", "search_emails"));
+        recovered.push(Message::tool_result("s2", json!({"emails": [{"id": "x@y"}]}).to_string()));
+        let analyze =
+            NextStep::Call { tool: "analyze_email_content".into(), args: json!({"email_id": "x@y"}), attempt: 1 };
+        assert_eq!(next(&steps, "q", &recovered), Some(analyze), "the second try succeeded: the steps go on");
     }
 
     #[test]
@@ -531,7 +596,11 @@ mod tests {
         assert_eq!(check(&steps, &["text_stats".to_owned()]), Ok(()));
         let ask = |input: &str| next(&steps, input, &[Message::text(Role::User, input)]);
         let call = |text: &str, others: Value| {
-            Some(NextStep::Call { tool: "text_stats".into(), args: json!({"text": text, "others": others}) })
+            Some(NextStep::Call {
+                tool: "text_stats".into(),
+                args: json!({"text": text, "others": others}),
+                attempt: 1,
+            })
         };
         assert_eq!(
             ask("Which has more words: 'a quick fox' or \"the lazy dog\"?"),
@@ -549,14 +618,16 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_source_skips_what_it_feeds_and_a_turn_of_the_models_own_ends_the_steps() {
+    fn a_source_that_found_nothing_skips_what_it_feeds_and_a_turn_of_the_models_own_ends_the_steps() {
         let steps = triage();
         let failed = vec![
             Message::text(Role::User, "q"),
             call("s1", "search_emails"),
             Message::tool_result("s1", "error (mailbox_unavailable): down"),
         ];
-        assert_eq!(next(&steps, "q", &failed), None);
+        let again =
+            NextStep::Call { tool: "search_emails".into(), args: json!({"query": "q", "limit": 1}), attempt: 2 };
+        assert_eq!(next(&steps, "q", &failed), Some(again), "a failure is tried again first");
         let nothing = vec![
             Message::text(Role::User, "q"),
             call("s1", "search_emails"),

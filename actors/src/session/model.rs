@@ -106,12 +106,24 @@ impl Session {
         // cached with them (only the runtime's steps came before).
         let mut drop_tools = false;
         let forced = match step {
-            Some(NextStep::Call { tool, args }) => {
+            Some(NextStep::Call { tool, args, attempt }) => {
                 // The runtime makes this turn's call; it is booked as the model's
-                // would be, with a call id of its own.
+                // would be, with a call id of its own. A call tried again waits first.
                 live.phase = Phase::Model { turn, synthesis };
                 let call = ToolCall { call_id: format!("step_{turn}"), name: tool, args };
-                let _ = myself.cast(SessionMsg::StepCall { turn, call });
+                if attempt > 1 {
+                    let pause = self.shared.config.step_retry_backoff * 2u32.pow(attempt - 2);
+                    let summary = format!(
+                        "{} failed; trying again in {:.1} s (try {attempt} of {})",
+                        call.name,
+                        pause.as_secs_f64(),
+                        steps::STEP_ATTEMPTS
+                    );
+                    live.outbox.emit(EventKind::ReasoningStep { turn, summary });
+                    myself.send_after(pause, move || SessionMsg::StepCall { turn, call });
+                } else {
+                    let _ = myself.cast(SessionMsg::StepCall { turn, call });
+                }
                 return;
             }
             Some(NextStep::Finish { answer }) => {

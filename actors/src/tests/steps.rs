@@ -60,6 +60,7 @@ async fn steps_run_before_the_model_with_the_request_and_earlier_results_filled_
 async fn a_step_whose_source_failed_or_whose_condition_is_false_hands_over_to_the_model() {
     let model = ScriptedModel::queue(vec![text("It failed.")]);
     let mut setup = Setup::new(model);
+    setup.config.step_retry_backoff = std::time::Duration::from_millis(5);
     setup.steps = serde_json::from_value(json!([
         {"tool": "flaky", "args": {}},
         {"tool": "echo", "args": {"text": "{flaky.value}"}},
@@ -71,7 +72,17 @@ async fn a_step_whose_source_failed_or_whose_condition_is_false_hands_over_to_th
     assert_eq!(record.status, RunStatus::Succeeded);
     let tools: Vec<(u32, String, CallStatus)> =
         executed(&events).into_iter().map(|(turn, tool, _, status)| (turn, tool, status)).collect();
-    assert_eq!(tools, vec![(1, "flaky".to_owned(), CallStatus::Failed)], "the echo step had nothing to read");
+    let failed = |turn| (turn, "flaky".to_owned(), CallStatus::Failed);
+    assert_eq!(tools, vec![failed(1), failed(2), failed(3)], "tried three times; the echo step had nothing to read");
+    let retries: Vec<&str> = events
+        .iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::ReasoningStep { summary, .. } if summary.contains("trying again") => Some(summary.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(retries.len(), 2, "{retries:?}");
+    assert!(retries[1].contains("try 3 of 3"), "{retries:?}");
     let requests = harness.requests();
     assert_eq!(requests.len(), 1);
     assert_eq!(requests[0].tool_choice, ToolChoice::Auto);
