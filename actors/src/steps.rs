@@ -203,10 +203,15 @@ pub fn check(steps: &[AgentStep], tools: &[String]) -> Result<(), String> {
 /// The step the turn after `conversation` takes, for a run of `input`; `None`
 /// when the steps are over and the model decides.
 pub fn next(steps: &[AgentStep], input: &str, conversation: &[Message]) -> Option<NextStep> {
+    next_indexed(steps, input, conversation).map(|(_, step)| step)
+}
+
+/// [`next`], with the step's position among the agent's steps (from 0).
+pub fn next_indexed(steps: &[AgentStep], input: &str, conversation: &[Message]) -> Option<(usize, NextStep)> {
     // The part of the conversation the steps walked so far: its results are what
     // the next step's references read.
     let mut seen = 0;
-    for step in steps {
+    for (index, step) in steps.iter().enumerate() {
         let results = Results { input, conversation: &conversation[..seen] };
         // A step that cannot be filled, or whose condition is false, is skipped.
         let conditions = step.when.as_ref().map_or(&[][..], When::conditions);
@@ -235,7 +240,7 @@ pub fn next(steps: &[AgentStep], input: &str, conversation: &[Message]) -> Optio
         let mut this = this;
         loop {
             let Some(offset) = conversation[seen..].iter().position(|message| message.role == Role::Assistant) else {
-                return Some(this);
+                return Some((index, this));
             };
             let at = seen + offset;
             let calls = &conversation[at].tool_calls;

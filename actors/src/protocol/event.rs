@@ -71,6 +71,24 @@ pub enum EventKind {
         /// What it concluded (boxed, like the review).
         thought: Box<Thought>,
     },
+    /// An agent step's turn ended (see `[[steps]]`): its trace record. The run id
+    /// is the trace's id.
+    StepEnd {
+        /// The turn it took.
+        turn: u32,
+        /// Its place among the agent's steps, from 1.
+        order: u32,
+        /// The tool it calls, or `answer` (the model answers) or `finish`.
+        name: String,
+        /// What went in: the call's arguments, the prompt or the answer.
+        input: Value,
+        /// What came out: the call's result or the answer (at most 500 characters).
+        output: String,
+        /// Whether it did its work (`completed`), or how it ended (`failed`, …).
+        status: String,
+        /// From the turn's start to its end, retries' pauses included.
+        latency_ms: u64,
+    },
     /// The model asked for tool calls.
     ToolRequests {
         /// The turn.
@@ -249,6 +267,7 @@ impl EventKind {
             Self::AssistantDelta { .. } => "assistant_delta",
             Self::ReasoningStep { .. } => "reasoning_step",
             Self::Thought { .. } => "thought",
+            Self::StepEnd { .. } => "step_end",
             Self::ToolRequests { .. } => "tool_requests",
             Self::ToolCallStart { .. } => "tool_call_start",
             Self::ToolCallEnd { .. } => "tool_call_end",

@@ -15,7 +15,7 @@ use crate::llm::{Message, ModelChunk, ModelClient, ModelDelta, ModelError, Model
 use crate::metrics;
 use crate::protocol::{EventKind, RunStatus, ToolCall};
 use crate::session::prompt;
-use crate::session::state::{AbortOnDrop, DeltaInbox, Live, Phase, ToolTurn};
+use crate::session::state::{AbortOnDrop, DeltaInbox, Live, Phase, StepStarted, ToolTurn};
 use crate::session::{Session, SessionMsg};
 use crate::shared::over_budget;
 use crate::steps::{self, NextStep};
@@ -100,7 +100,19 @@ impl Session {
         {
             live.append_message(turn, Message::text(Role::System, note));
         }
-        let step = if synthesis { None } else { steps::next(&live.agent.steps, &live.run.input, &live.conversation) };
+        let step =
+            if synthesis { None } else { steps::next_indexed(&live.agent.steps, &live.run.input, &live.conversation) };
+        live.step = step.as_ref().map(|(index, step)| {
+            let (name, input) = match step {
+                NextStep::Call { tool, args, .. } => (tool.clone(), args.clone()),
+                NextStep::Model { tool, fixed } => (tool.clone(), serde_json::Value::Object(fixed.clone())),
+                NextStep::Answer { prompt } => ("answer".to_owned(), serde_json::Value::String(prompt.clone())),
+                NextStep::Finish { answer } => ("finish".to_owned(), serde_json::Value::String(answer.clone())),
+            };
+            let order = u32::try_from(index + 1).unwrap_or(u32::MAX);
+            StepStarted { turn, order, name, input, started: live.turn_clock }
+        });
+        let step = step.map(|(_, step)| step);
         // An answer step before the model has said anything in this run reads no
         // tool definitions: it may call none, and no earlier prompt of the run is
         // cached with them (only the runtime's steps came before).

@@ -107,6 +107,7 @@ impl Session {
             waiting_on: None,
             outage: None,
             clarify: None,
+            step: None,
         });
         if known_agent.is_none() || model.is_none() {
             let reason = format!("agent {} or its model is not configured", live.run.agent);

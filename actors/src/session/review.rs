@@ -9,6 +9,7 @@ use tracing::{info, warn};
 
 use crate::builtin::BuiltinTool;
 use crate::config::ReviewerKind;
+use crate::llm::Role;
 use crate::metrics;
 use crate::protocol::{EventKind, Recommendation, Review, RunStatus, ToolOutcome};
 use crate::reviewer::{CallSummary, ReviewInput, ReviewReply, ReviewerMsg};
@@ -17,6 +18,31 @@ use crate::session::prompt::{self, resolve_citations};
 use crate::session::state::{Live, Phase};
 use crate::session::{Session, SessionMsg};
 use crate::store::StoreWrite;
+
+/// The `step_end` event of the agent step `turn` took, if it took one: what
+/// went in, what came out, how long it took.
+fn trace_step(live: &mut Live, turn: u32, final_answer: Option<&str>, calls: &[CallSummary]) {
+    let Some(step) = live.step.take_if(|step| step.turn == turn) else { return };
+    let (output, status) = match final_answer {
+        Some(answer) => (answer.to_owned(), "completed"),
+        None => {
+            let status = calls.iter().find(|call| call.tool == step.name).map_or("completed", |call| call.status);
+            let result = live.conversation.iter().rev().take_while(|message| message.role == Role::Tool).last();
+            (result.map(|message| message.content.clone()).unwrap_or_default(), status)
+        }
+    };
+    let output: String = output.chars().take(500).collect();
+    let latency_ms = u64::try_from(step.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    live.outbox.emit(EventKind::StepEnd {
+        turn,
+        order: step.order,
+        name: step.name,
+        input: step.input,
+        output,
+        status: status.to_owned(),
+        latency_ms,
+    });
+}
 
 /// A reviewed turn, what the next step is decided from.
 pub(super) struct Verdict {
@@ -61,10 +87,11 @@ impl Session {
         if !review_is_instant(live) {
             live.outbox.flush(&self.shared).await?;
         }
-        let calls = match &live.phase {
+        let calls: Vec<CallSummary> = match &live.phase {
             Phase::Tools(tools) => tools.results.iter().flatten().cloned().collect(),
             _ => Vec::new(),
         };
+        trace_step(live, turn, final_answer.as_deref(), &calls);
         let input =
             Arc::new(ReviewInput { final_answer: final_answer.clone(), synthesis, ..review_input(live, turn, calls) });
         live.phase = Phase::Review { turn, final_answer, synthesis };

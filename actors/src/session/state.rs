@@ -67,6 +67,17 @@ pub(super) struct Live {
     pub(super) outage: Option<(tokio::time::Instant, u32)>,
     /// A question a `clarify_query` review has the next turn ask the user.
     pub(super) clarify: Option<String>,
+    /// The agent step the current turn takes, for its trace record.
+    pub(super) step: Option<StepStarted>,
+}
+
+/// An agent step under way: what its `step_end` event reports.
+pub(super) struct StepStarted {
+    pub(super) turn: u32,
+    pub(super) order: u32,
+    pub(super) name: String,
+    pub(super) input: serde_json::Value,
+    pub(super) started: Instant,
 }
 
 impl Live {

@@ -54,6 +54,26 @@ async fn steps_run_before_the_model_with_the_request_and_earlier_results_filled_
     assert_eq!(requests[1].tool_choice, ToolChoice::Auto, "after the steps the model decides");
     let reviewed = events.iter().filter(|event| matches!(event.kind, EventKind::Review { .. })).count();
     assert_eq!(reviewed, 4, "every turn is reviewed, the steps' too");
+    // Every step leaves its trace: order, name, what went in and came out.
+    let traced: Vec<(u32, u32, String, Value, String)> = events
+        .iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::StepEnd { turn, order, name, input, status, output, .. } => {
+                assert!(!output.is_empty(), "{name}: an output");
+                Some((*turn, *order, name.clone(), input.clone(), status.clone()))
+            }
+            _ => None,
+        })
+        .collect();
+    let completed = "completed".to_owned();
+    assert_eq!(
+        traced,
+        vec![
+            (1, 1, "search".to_owned(), json!({"query": "lamps"}), completed.clone()),
+            (2, 2, "echo".to_owned(), json!({"text": "found 2"}), completed.clone()),
+            (3, 3, "echo".to_owned(), json!({"note": "lamps"}), completed),
+        ]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
