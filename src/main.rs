@@ -205,7 +205,7 @@ enum MailboxCommand {
     },
     /// Load the built-in sample mailbox, dated relative to now.
     Sample {
-        /// Delete every email, draft and outbox message first.
+        /// Delete every email, draft, outbox message, contact and calendar event first.
         #[arg(long)]
         reset: bool,
     },

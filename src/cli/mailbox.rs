@@ -28,7 +28,7 @@ pub async fn import(config: &Config, tenant: &str, file: &Path) -> anyhow::Resul
 }
 
 /// `troupe mailbox sample`: the built-in sample mailbox, dated relative to now;
-/// `reset` deletes every email, draft and outbox message first.
+/// `reset` deletes every email, draft, outbox message, contact and calendar event first.
 pub async fn sample(config: &Config, tenant: &str, reset: bool) -> anyhow::Result<ExitCode> {
     let mailbox = mailbox(config, tenant, false);
     if reset {

@@ -1,26 +1,28 @@
 //! The mailbox: emails in SQLite with an FTS5 full-text index (subject, body,
 //! sender, recipients; Porter stemming, so "deliveries" finds "delivery"), threads,
-//! drafts and an outbox. Nothing here speaks SMTP: "sending" puts a message in the
+//! drafts and an outbox; and, in the same file, the owner's contacts and calendar
+//! (`calendar.rs`). Nothing here speaks SMTP: "sending" puts a message in the
 //! outbox table (and a copy in the `sent` folder).
 //!
 //! The file is opened on first use, not at start, so a daemon whose agents never
-//! read mail never creates it; an empty mailbox is filled with the sample mailbox
-//! then, when the configuration asks for it, so the email agents work with no
-//! setup. Several processes may share the file (WAL, a busy timeout); side effects
-//! carry the tool call's idempotency key, under a unique index, so a call repeated
-//! downstream writes once.
+//! read mail never creates it; an empty mailbox is filled with the sample mailbox,
+//! its contacts and its calendar then, when the configuration asks for it, so the
+//! email agents work with no setup. Several processes may share the file (WAL, a
+//! busy timeout); side effects carry the tool call's idempotency key, under a
+//! unique index, so a call repeated downstream writes once.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use chrono::{DateTime, Local, NaiveDate, TimeZone, Utc};
+use chrono::{DateTime, Local, NaiveDate, NaiveDateTime, TimeZone, Utc};
 use serde::Serialize;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow};
 use sqlx::{Row, SqlitePool};
 use tokio::sync::OnceCell;
 
+use crate::email::calendar::{self, CalendarEvent, Contact, RecordsError};
 use crate::email::import::{self, ImportError, NewEmail};
 use crate::tools::TenantPath;
 
@@ -53,6 +55,9 @@ pub enum MailboxError {
     /// An imported file is unusable.
     #[error(transparent)]
     Import(#[from] ImportError),
+    /// An imported list of contacts or calendar events is unusable.
+    #[error(transparent)]
+    Records(#[from] RecordsError),
 }
 
 impl From<sqlx::Error> for MailboxError {
@@ -253,8 +258,7 @@ impl Mailbox {
         let pool = SqlitePoolOptions::new().max_connections(4).connect_with(options).await?;
         sqlx::raw_sql(SCHEMA).execute(&pool).await?;
         if self.options.seed_sample && count(&pool).await? == 0 {
-            let emails = import::parse_json(SAMPLE_MAILBOX, Local::now())?;
-            insert(&pool, emails).await?;
+            seed(&pool, Local::now()).await?;
             tracing::info!(path = %self.options.path.display(), "mailbox seeded with the sample mailbox");
         }
         Ok(pool)
@@ -267,16 +271,67 @@ impl Mailbox {
         insert(self.pool().await?, emails).await
     }
 
-    /// Imports the sample mailbox, with dates relative to now.
+    /// Imports the sample mailbox with its contacts and calendar, with dates
+    /// relative to now; returns how many emails were new (an email, contact or
+    /// event already stored is kept as it is).
     pub async fn import_sample(&self) -> Result<usize, MailboxError> {
-        self.import(SAMPLE_MAILBOX).await
+        seed(self.pool().await?, Local::now()).await
     }
 
-    /// Deletes every email, draft and outbox message.
+    /// Imports a JSON list of contacts (the format of
+    /// `config/email/sample-contacts.json`); returns how many were new (a known
+    /// address is kept as it is).
+    pub async fn import_contacts(&self, text: &str) -> Result<usize, MailboxError> {
+        let contacts = calendar::parse_contacts(text)?;
+        let mut tx = self.pool().await?.begin().await?;
+        let added = insert_contacts(&mut tx, &contacts).await?;
+        tx.commit().await?;
+        Ok(added)
+    }
+
+    /// Imports a JSON list of calendar events (the format of
+    /// `config/email/sample-calendar.json`, day offsets from today); returns how
+    /// many were new (a known id is kept as it is).
+    pub async fn import_calendar(&self, text: &str) -> Result<usize, MailboxError> {
+        let events = calendar::parse_calendar(text, Local::now().date_naive())?;
+        let mut tx = self.pool().await?.begin().await?;
+        let added = insert_events(&mut tx, &events).await?;
+        tx.commit().await?;
+        Ok(added)
+    }
+
+    /// Deletes every email, draft, outbox message, contact and calendar event.
     pub async fn clear(&self) -> Result<(), MailboxError> {
         let pool = self.pool().await?;
-        sqlx::raw_sql("DELETE FROM emails; DELETE FROM outbox; DELETE FROM drafts;").execute(pool).await?;
+        sqlx::raw_sql(
+            "DELETE FROM emails; DELETE FROM outbox; DELETE FROM drafts; DELETE FROM contacts; \
+             DELETE FROM calendar_events;",
+        )
+        .execute(pool)
+        .await?;
         Ok(())
+    }
+
+    /// The contact with the address `address` (case does not matter).
+    pub async fn contact(&self, address: &str) -> Result<Option<Contact>, MailboxError> {
+        let pool = self.pool().await?;
+        let row = sqlx::query("SELECT * FROM contacts WHERE email = ?")
+            .bind(address.trim().to_lowercase())
+            .fetch_optional(pool)
+            .await?;
+        row.as_ref().map(contact).transpose()
+    }
+
+    /// The calendar events overlapping the span from `from` to `to` (local time),
+    /// by start time.
+    pub async fn events(&self, from: NaiveDateTime, to: NaiveDateTime) -> Result<Vec<CalendarEvent>, MailboxError> {
+        let pool = self.pool().await?;
+        let rows = sqlx::query("SELECT * FROM calendar_events WHERE starts < ? AND ends > ? ORDER BY starts, ends, id")
+            .bind(to.format(calendar::DATE_TIME_FORMAT).to_string())
+            .bind(from.format(calendar::DATE_TIME_FORMAT).to_string())
+            .fetch_all(pool)
+            .await?;
+        rows.iter().map(event).collect()
     }
 
     /// How many emails it holds.
@@ -507,6 +562,63 @@ async fn count(pool: &SqlitePool) -> Result<i64, MailboxError> {
     Ok(sqlx::query_scalar("SELECT COUNT(*) FROM emails").fetch_one(pool).await?)
 }
 
+/// Stores the sample mailbox, its contacts and its calendar, dated relative to
+/// `now`; returns how many emails were new. Each sample is parsed before anything
+/// is written.
+async fn seed(pool: &SqlitePool, now: DateTime<Local>) -> Result<usize, MailboxError> {
+    let emails = import::parse_json(SAMPLE_MAILBOX, now)?;
+    let contacts = calendar::parse_contacts(calendar::SAMPLE_CONTACTS)?;
+    let events = calendar::parse_calendar(calendar::SAMPLE_CALENDAR, now.date_naive())?;
+    let added = insert(pool, emails).await?;
+    let mut tx = pool.begin().await?;
+    insert_contacts(&mut tx, &contacts).await?;
+    insert_events(&mut tx, &events).await?;
+    tx.commit().await?;
+    Ok(added)
+}
+
+/// Inserts `contacts` (none whose address is known); returns how many were new.
+async fn insert_contacts(tx: &mut sqlx::SqliteConnection, contacts: &[Contact]) -> Result<usize, MailboxError> {
+    let mut added = 0;
+    for contact in contacts {
+        let done = sqlx::query(
+            "INSERT INTO contacts (email, name, company, relation, phone, notes) VALUES (?, ?, ?, ?, ?, ?) \
+             ON CONFLICT (email) DO NOTHING",
+        )
+        .bind(&contact.email)
+        .bind(&contact.name)
+        .bind(&contact.company)
+        .bind(&contact.relation)
+        .bind(&contact.phone)
+        .bind(&contact.notes)
+        .execute(&mut *tx)
+        .await?;
+        added += done.rows_affected() as usize;
+    }
+    Ok(added)
+}
+
+/// Inserts `events` (none whose id is known); returns how many were new.
+async fn insert_events(tx: &mut sqlx::SqliteConnection, events: &[CalendarEvent]) -> Result<usize, MailboxError> {
+    let mut added = 0;
+    for event in events {
+        let done = sqlx::query(
+            "INSERT INTO calendar_events (id, title, starts, ends, location, attendees) VALUES (?, ?, ?, ?, ?, ?) \
+             ON CONFLICT (id) DO NOTHING",
+        )
+        .bind(&event.id)
+        .bind(&event.title)
+        .bind(event.starts.format(calendar::DATE_TIME_FORMAT).to_string())
+        .bind(event.ends.format(calendar::DATE_TIME_FORMAT).to_string())
+        .bind(&event.location)
+        .bind(&event.attendees)
+        .execute(&mut *tx)
+        .await?;
+        added += done.rows_affected() as usize;
+    }
+    Ok(added)
+}
+
 /// Inserts `emails` oldest first, so a reply finds the thread of what it answers.
 async fn insert(pool: &SqlitePool, mut emails: Vec<NewEmail>) -> Result<usize, MailboxError> {
     emails.sort_by_key(|email| email.date);
@@ -661,6 +773,34 @@ fn draft(row: &SqliteRow) -> Result<Draft, MailboxError> {
         body: row.try_get("body")?,
         in_reply_to: row.try_get("in_reply_to")?,
         status: row.try_get("status")?,
+    })
+}
+
+/// A contact from its row.
+fn contact(row: &SqliteRow) -> Result<Contact, MailboxError> {
+    Ok(Contact {
+        email: row.try_get("email")?,
+        name: row.try_get("name")?,
+        company: row.try_get("company")?,
+        relation: row.try_get("relation")?,
+        phone: row.try_get("phone")?,
+        notes: row.try_get("notes")?,
+    })
+}
+
+/// A calendar event from its row.
+fn event(row: &SqliteRow) -> Result<CalendarEvent, MailboxError> {
+    let stored = |column: &str| -> Result<NaiveDateTime, MailboxError> {
+        let text: String = row.try_get(column)?;
+        calendar::date_time(&text).map_err(|error| MailboxError::Database(format!("bad stored {column}: {error}")))
+    };
+    Ok(CalendarEvent {
+        id: row.try_get("id")?,
+        title: row.try_get("title")?,
+        starts: stored("starts")?,
+        ends: stored("ends")?,
+        location: row.try_get("location")?,
+        attendees: row.try_get("attendees")?,
     })
 }
 

@@ -1,13 +1,17 @@
 //! The email assistant's world: a mailbox in SQLite with full-text search
-//! (`mailbox.rs`, schema in `schema.sql`), what can be imported into it (`import.rs`:
-//! JSON lists and mbox files, `mime.rs`: the MIME they need), the entity extractor
-//! (`entities.rs`), and the tools the email agents use (`tools.rs`; the model-backed
-//! `analyze_email_content` in `analyze.rs`). The sample mailbox
+//! (`mailbox.rs`, schema in `schema.sql`), the owner's contacts and calendar in
+//! the same file (`calendar.rs`), what can be imported into it (`import.rs`: JSON
+//! lists and mbox files, `mime.rs`: the MIME they need), the entity extractor
+//! (`entities.rs`), and the tools the email agents use (`tools.rs`; the
+//! model-backed `analyze_email_content` in `analyze.rs`). The sample mailbox
 //! (`config/email/sample-mailbox.json`, built in) fills an empty mailbox on first
-//! use, dated relative to that moment, so `config/agents/email-*.toml` work with
-//! no setup. Nothing here sends real mail: `send_email` fills an outbox table.
+//! use, dated relative to that moment, with its contacts and calendar
+//! (`sample-contacts.json`, `sample-calendar.json`), so `config/agents/email-*.toml`
+//! work with no setup. Nothing here sends real mail: `send_email` fills an outbox
+//! table.
 
 pub mod analyze;
+pub mod calendar;
 pub mod entities;
 pub mod import;
 pub mod mailbox;
@@ -71,6 +75,8 @@ pub fn email_tools(mailboxes: Arc<Mailboxes>, model: Arc<dyn ModelClient>) -> Ve
         Arc::new(tools::SearchEmails { mailboxes: mailboxes.clone() }),
         Arc::new(tools::GetEmailThread { mailboxes: mailboxes.clone() }),
         Arc::new(tools::ExtractEntities { mailboxes: mailboxes.clone() }),
+        Arc::new(tools::CheckCalendar { mailboxes: mailboxes.clone() }),
+        Arc::new(tools::GetContact { mailboxes: mailboxes.clone() }),
         Arc::new(analyze::AnalyzeEmailContent { mailboxes: mailboxes.clone(), model }),
         Arc::new(tools::CreateDraft { mailboxes: mailboxes.clone() }),
         Arc::new(tools::SendEmail { mailboxes }),

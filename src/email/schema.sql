@@ -60,3 +60,24 @@ CREATE TABLE IF NOT EXISTS outbox (
     in_reply_to     TEXT,
     queued_at       TEXT NOT NULL
 );
+
+-- The owner's address book (see calendar.rs), one row per address.
+CREATE TABLE IF NOT EXISTS contacts (
+    email    TEXT PRIMARY KEY,         -- the address, lower-case
+    name     TEXT NOT NULL DEFAULT '',
+    company  TEXT NOT NULL DEFAULT '',
+    relation TEXT NOT NULL DEFAULT '', -- customer, supplier, colleague, family…
+    phone    TEXT NOT NULL DEFAULT '',
+    notes    TEXT NOT NULL DEFAULT ''
+);
+
+-- The owner's calendar (see calendar.rs).
+CREATE TABLE IF NOT EXISTS calendar_events (
+    id        TEXT PRIMARY KEY,
+    title     TEXT NOT NULL,
+    starts    TEXT NOT NULL,            -- local time, YYYY-MM-DDTHH:MM: text order is time order
+    ends      TEXT NOT NULL,            -- the same, after starts
+    location  TEXT NOT NULL DEFAULT '',
+    attendees TEXT NOT NULL DEFAULT ''  -- Name <address>, comma-separated
+);
+CREATE INDEX IF NOT EXISTS calendar_events_by_start ON calendar_events (starts);

@@ -327,3 +327,149 @@ async fn a_tenant_whose_name_climbs_folders_gets_its_own_mailbox_inside_the_data
     assert!(odd.path().starts_with(temp.dir.join("tenants")), "{}", odd.path().display());
     assert!(odd.path().exists(), "the file is where its path says, not where a decoded URL would put it");
 }
+
+/// The day `offset` days from today, as `check_calendar` takes it.
+fn day(offset: i64) -> String {
+    (Local::now().date_naive() + Duration::days(offset)).format("%Y-%m-%d").to_string()
+}
+
+fn titles(events: &Value) -> Vec<&str> {
+    events.as_array().unwrap().iter().map(|event| event["title"].as_str().unwrap()).collect()
+}
+
+#[tokio::test]
+async fn the_sample_calendar_leaves_the_requested_meeting_slot_free_and_reports_conflicts() {
+    let temp = temp_mailbox(true);
+    let tools = tools(&temp, ScriptedModel::queue(vec![]));
+    // The meeting request asks for day +2 at 14:00 for an hour.
+    let asked =
+        call(&tools, "check_calendar", json!({"date": day(2), "start": "14:00", "end": "15:00"})).await.unwrap();
+    assert_eq!(asked["date"], day(2));
+    assert_eq!(asked["free"], true, "{asked}");
+    assert_eq!(asked["conflicts"], json!([]));
+    let events = asked["events"].as_array().unwrap();
+    assert_eq!(events.len(), 4, "{asked}");
+    assert!(events.iter().any(|event| event["end"] == "13:00"), "{asked}");
+    assert!(events.iter().all(|event| event["start"].as_str().unwrap() < "14:00" || event["start"] == "16:00"));
+    let summary = asked["summary"].as_str().unwrap();
+    assert!(summary.starts_with(&format!("On {} (", day(2))), "{summary}");
+    assert!(summary.contains("Sam has 4 events") && summary.ends_with("14:00–15:00 is free."), "{summary}");
+    // The day as the email writes it names the same day.
+    let written = chrono::NaiveDate::parse_from_str(&day(2), "%Y-%m-%d").unwrap().format("%A, %-d %B %Y").to_string();
+    let same = call(&tools, "check_calendar", json!({"date": written, "start": "14:00"})).await.unwrap();
+    assert_eq!((&same["date"], &same["free"]), (&json!(day(2)), &json!(true)), "{same}");
+    // 16:00 is taken: a slot given by its start alone lasts an hour.
+    let late = call(&tools, "check_calendar", json!({"date": day(2), "start": "16:00"})).await.unwrap();
+    assert_eq!(late["free"], false, "{late}");
+    assert_eq!(titles(&late["conflicts"]), ["Warehouse stock count"]);
+    assert_eq!(
+        (late["conflicts"][0]["start"].as_str(), late["conflicts"][0]["end"].as_str()),
+        (Some("16:00"), Some("17:00"))
+    );
+    assert!(late["summary"].as_str().unwrap().contains("16:00–17:00 is not free: it overlaps Warehouse stock count"));
+    // A slot that only touches an event's end is free.
+    let touching = call(&tools, "check_calendar", json!({"date": day(2), "start": "13:00", "end": "14:00"})).await;
+    assert_eq!(touching.unwrap()["free"], true);
+    // Tomorrow has an event at 14:00; without a slot there is no verdict.
+    let tomorrow = call(&tools, "check_calendar", json!({"date": "Tomorrow"})).await.unwrap();
+    assert_eq!(tomorrow["date"], day(1));
+    assert!(tomorrow["events"].as_array().unwrap().iter().any(|event| event["start"] == "14:00"), "{tomorrow}");
+    assert!(tomorrow.get("free").is_none() && tomorrow.get("conflicts").is_none(), "{tomorrow}");
+    let empty =
+        call(&tools, "check_calendar", json!({"date": day(40), "start": "09:00", "end": "24:00"})).await.unwrap();
+    assert_eq!((empty["events"].clone(), empty["free"].clone()), (json!([]), json!(true)));
+    assert!(empty["summary"].as_str().unwrap().contains("Sam has no events. 09:00–"), "{empty}");
+}
+
+#[tokio::test]
+async fn get_contact_finds_a_sender_by_name_and_address_and_says_when_it_knows_nobody() {
+    let temp = temp_mailbox(true);
+    let tools = tools(&temp, ScriptedModel::queue(vec![]));
+    let daniel = call(&tools, "get_contact", json!({"email": "Daniel Okafor <Daniel.Okafor@mail.example>"})).await;
+    let daniel = daniel.unwrap();
+    assert_eq!(daniel["found"], true);
+    assert_eq!(
+        (daniel["email"].as_str(), daniel["name"].as_str(), daniel["relation"].as_str()),
+        (Some("daniel.okafor@mail.example"), Some("Daniel Okafor"), Some("customer"))
+    );
+    let summary = daniel["summary"].as_str().unwrap();
+    assert!(summary.starts_with("Daniel Okafor, a customer. Order BD-2291"), "{summary}");
+    assert!(summary.contains("second broken lamp") && summary.contains("+1 (312) 555-0199"), "{summary}");
+    // The supplier's phone is the one her emails give.
+    let marta = call(&tools, "get_contact", json!({"email": "marta@lindqvist-metal.example"})).await.unwrap();
+    assert_eq!((marta["relation"].as_str(), marta["phone"].as_str()), (Some("supplier"), Some("+46 8 555 012 34")));
+    let nobody = call(&tools, "get_contact", json!({"email": "nobody@nowhere.example"})).await.unwrap();
+    assert_eq!(nobody, json!({"found": false, "summary": "No contact is known for nobody@nowhere.example."}));
+}
+
+#[tokio::test]
+async fn calendar_and_contact_arguments_that_name_no_day_time_or_address_are_invalid() {
+    let temp = temp_mailbox(true);
+    let tools = tools(&temp, ScriptedModel::queue(vec![]));
+    for args in [
+        json!({"date": "next friday"}),
+        json!({"date": "2026-13-01"}),
+        json!({"date": "today", "start": "2pm"}),
+        json!({"date": "today", "end": "15:00"}),
+        json!({"date": "today", "start": "15:00", "end": "14:00"}),
+        json!({"date": "today", "duration": 60}),
+        json!({}),
+    ] {
+        assert_eq!(code(call(&tools, "check_calendar", args.clone()).await), "invalid_args", "{args}");
+    }
+    for args in [json!({"email": "Daniel Okafor"}), json!({"email": "a@b@c"}), json!({"name": "Daniel"})] {
+        assert_eq!(code(call(&tools, "get_contact", args.clone()).await), "invalid_args", "{args}");
+    }
+}
+
+#[tokio::test]
+async fn each_tenant_has_its_own_contacts_and_calendar() {
+    let temp = temp_mailbox(false);
+    let (acme, globex) = (temp.mailboxes.of("acme"), temp.mailboxes.of("globex"));
+    let contact =
+        r#"[{"email": "Wile E. Coyote <WILE@acme.example>", "name": "Wile E. Coyote", "relation": "customer"}]"#;
+    assert_eq!(acme.import_contacts(contact).await.unwrap(), 1);
+    assert_eq!(acme.import_contacts(contact).await.unwrap(), 0, "a known address is kept once");
+    let event =
+        r#"[{"id": "launch@acme", "title": "Rocket launch", "day_offset": 1, "start": "10:00", "end": "11:00"}]"#;
+    assert_eq!(acme.import_calendar(event).await.unwrap(), 1);
+    let wile = acme.contact("wile@acme.example").await.unwrap().unwrap();
+    assert_eq!((wile.email.as_str(), wile.relation.as_str()), ("wile@acme.example", "customer"));
+    assert_eq!(globex.contact("wile@acme.example").await.unwrap(), None, "globex does not see acme's contacts");
+    let tomorrow = Local::now().date_naive() + Duration::days(1);
+    let span = (tomorrow.and_hms_opt(0, 0, 0).unwrap(), tomorrow.and_hms_opt(23, 59, 0).unwrap());
+    assert_eq!(acme.events(span.0, span.1).await.unwrap().len(), 1);
+    assert!(globex.events(span.0, span.1).await.unwrap().is_empty(), "nor its calendar");
+    assert_eq!(acme.count().await.unwrap(), 0, "contacts and events are no emails");
+    let bad = r#"[{"id": "x", "title": "Backwards", "day_offset": 0, "start": "11:00", "end": "10:00"}]"#;
+    assert!(matches!(acme.import_calendar(bad).await, Err(MailboxError::Records(_))));
+    assert!(matches!(acme.import_contacts(r#"[{"email": "no address"}]"#).await, Err(MailboxError::Records(_))));
+}
+
+#[tokio::test]
+async fn clear_empties_contacts_and_events_and_the_sample_import_brings_them_back() {
+    let temp = temp_mailbox(true);
+    let week = (
+        Local::now().date_naive().and_hms_opt(0, 0, 0).unwrap(),
+        (Local::now().date_naive() + Duration::days(7)).and_hms_opt(0, 0, 0).unwrap(),
+    );
+    assert_eq!(temp.mailbox.events(week.0, week.1).await.unwrap().len(), 11, "seeded with the mailbox");
+    assert!(temp.mailbox.contact("priya@brightdesk.example").await.unwrap().is_some());
+    temp.mailbox.clear().await.unwrap();
+    assert_eq!(temp.mailbox.count().await.unwrap(), 0);
+    assert!(temp.mailbox.events(week.0, week.1).await.unwrap().is_empty());
+    assert_eq!(temp.mailbox.contact("priya@brightdesk.example").await.unwrap(), None);
+    assert_eq!(temp.mailbox.import_sample().await.unwrap(), 17);
+    assert_eq!(temp.mailbox.events(week.0, week.1).await.unwrap().len(), 11);
+    assert!(temp.mailbox.contact("ALEX.RIVERA@mail.example").await.unwrap().is_some(), "any case finds it");
+}
+
+#[tokio::test]
+async fn an_unseeded_mailbox_has_no_contacts_or_events() {
+    let temp = temp_mailbox(false);
+    let tools = tools(&temp, ScriptedModel::queue(vec![]));
+    let today = call(&tools, "check_calendar", json!({"date": "today"})).await.unwrap();
+    assert_eq!(today["events"], json!([]));
+    let priya = call(&tools, "get_contact", json!({"email": "priya@brightdesk.example"})).await.unwrap();
+    assert_eq!(priya["found"], false);
+}

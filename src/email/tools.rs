@@ -1,19 +1,22 @@
 //! The mailbox tools: `search_emails`, `get_email_thread` and `extract_entities`
 //! read (idempotent; their emails are citable fragments, numbered `[n]` in the
-//! order the run first sees them); `create_draft` and `send_email` write
-//! (not idempotent; `send_email` always waits for a human's approval). Bad
-//! arguments are `invalid_args`; unknown ids are `unknown_email`/`unknown_draft`.
+//! order the run first sees them); `check_calendar` and `get_contact` read the
+//! owner's calendar and address book (idempotent); `create_draft` and
+//! `send_email` write (not idempotent; `send_email` always waits for a human's
+//! approval). Bad arguments are `invalid_args`; unknown ids are
+//! `unknown_email`/`unknown_draft`; an unknown contact is an answer, not a failure.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use chrono::{Local, NaiveDate};
+use chrono::{Duration, Local, NaiveDate, NaiveDateTime, NaiveTime};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use troupe_actors::protocol::Fragment;
 use troupe_actors::tool::{Tool, ToolContext, ToolError, ToolOutput};
 
+use crate::email::calendar::{self, CalendarEvent, Contact};
 use crate::email::entities;
 use crate::email::mailbox::{Compose, Email, MailboxError, Mailboxes, SearchQuery};
 use crate::tools::{parse_args, schema_of};
@@ -29,7 +32,7 @@ pub fn tool_error(error: MailboxError) -> ToolError {
         MailboxError::UnknownEmail(_) => "unknown_email",
         MailboxError::UnknownDraft(_) => "unknown_draft",
         MailboxError::AlreadySent(_) => "already_sent",
-        MailboxError::Database(_) | MailboxError::Import(_) => "mailbox_unavailable",
+        MailboxError::Database(_) | MailboxError::Import(_) | MailboxError::Records(_) => "mailbox_unavailable",
     };
     ToolError::failed(code, error.to_string())
 }
@@ -217,6 +220,30 @@ struct SendArgs {
     in_reply_to: Option<String>,
 }
 
+/// Arguments of `check_calendar`.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct CalendarArgs {
+    /// The day: YYYY-MM-DD, "today" or "tomorrow".
+    #[schemars(length(min = 1, max = 40))]
+    date: String,
+    /// The start of a time slot to check, HH:MM (24-hour clock).
+    #[serde(default)]
+    start: Option<String>,
+    /// The end of that slot, HH:MM; default an hour after start.
+    #[serde(default)]
+    end: Option<String>,
+}
+
+/// Arguments of `get_contact`.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct ContactArgs {
+    /// An email address, or "Name <address>" as an email's from field writes it.
+    #[schemars(length(min = 3, max = 320))]
+    email: String,
+}
+
 /// `search_emails`: full-text search with filters.
 pub struct SearchEmails {
     /// Every tenant's mailbox.
@@ -372,6 +399,263 @@ impl Tool for ExtractEntities {
             (None, Some(text)) => Ok(ToolOutput::value(json!({"entities": entities::extract(text)}))),
             _ => Err(ToolError::InvalidArgs("give exactly one of email_id and text".to_owned())),
         }
+    }
+}
+
+/// The day `text` names: `YYYY-MM-DD`, `today` or `tomorrow` (from `today`), or
+/// the day as emails write it ("Sunday, 29 November 2026", "29 November 2026").
+fn day_arg(text: &str, today: NaiveDate) -> Result<NaiveDate, ToolError> {
+    let text = text.trim();
+    let written = |text: &str| {
+        let without_weekday = text.split_once(", ").map_or(text, |(_, rest)| rest);
+        ["%d %B %Y", "%B %d %Y", "%B %d, %Y"]
+            .iter()
+            .find_map(|format| NaiveDate::parse_from_str(without_weekday, format).ok())
+    };
+    let day = match text.to_lowercase().as_str() {
+        "today" => Some(today),
+        "tomorrow" => today.succ_opt(),
+        other => NaiveDate::parse_from_str(other, "%Y-%m-%d").ok().or_else(|| written(text)),
+    };
+    day.ok_or_else(|| ToolError::InvalidArgs(format!("date must be YYYY-MM-DD, today or tomorrow, not {text:?}")))
+}
+
+/// A time of day `HH:MM` named `key`; `24:00` too when `end_of_day` (the day's
+/// end, as the next day's first minute).
+fn time_arg(text: &str, key: &str, day: NaiveDate, end_of_day: bool) -> Result<NaiveDateTime, ToolError> {
+    let text = text.trim();
+    if end_of_day && text == "24:00" {
+        return Ok(day.and_time(NaiveTime::MIN) + Duration::days(1));
+    }
+    NaiveTime::parse_from_str(text, "%H:%M")
+        .map(|time| day.and_time(time))
+        .map_err(|_| ToolError::InvalidArgs(format!("{key} must be a time as HH:MM, not {text:?}")))
+}
+
+/// The slot `start`–`end` of `day` that a `check_calendar` call names, if any.
+fn slot_arg(args: &CalendarArgs, day: NaiveDate) -> Result<Option<(NaiveDateTime, NaiveDateTime)>, ToolError> {
+    let (start, end) = match (present(&args.start), present(&args.end)) {
+        (None, None) => return Ok(None),
+        (None, Some(_)) => return Err(ToolError::InvalidArgs("end needs a start".to_owned())),
+        (Some(start), end) => (start, end),
+    };
+    let start = time_arg(start, "start", day, false)?;
+    let end = match end {
+        Some(end) => time_arg(end, "end", day, true)?,
+        None => start + Duration::hours(1),
+    };
+    if end <= start {
+        return Err(ToolError::InvalidArgs(format!(
+            "end {} is not after start {}",
+            end.format("%H:%M"),
+            start.format("%H:%M")
+        )));
+    }
+    Ok(Some((start, end)))
+}
+
+/// A time as the summary of `day` shows it: `HH:MM` on that day, with its date
+/// on another.
+fn clock(time: NaiveDateTime, day: NaiveDate) -> String {
+    if time.date() == day { time.format("%H:%M").to_string() } else { time.format("%Y-%m-%d %H:%M").to_string() }
+}
+
+/// `start–end` of a span, as the summary of `day` shows it.
+fn span(start: NaiveDateTime, end: NaiveDateTime, day: NaiveDate) -> String {
+    format!("{}–{}", clock(start, day), clock(end, day))
+}
+
+/// An event as the model reads it, its times as the summary of `day` shows them.
+fn event_json(event: &CalendarEvent, day: NaiveDate) -> Value {
+    json!({
+        "title": event.title,
+        "start": clock(event.starts, day),
+        "end": clock(event.ends, day),
+        "location": event.location,
+    })
+}
+
+/// An event in a sentence: `09:30–09:45 Team stand-up (Brightdesk office)`.
+fn event_words(event: &CalendarEvent, day: NaiveDate) -> String {
+    let when = span(event.starts, event.ends, day);
+    match event.location.as_str() {
+        "" => format!("{when} {}", event.title),
+        location => format!("{when} {} ({location})", event.title),
+    }
+}
+
+/// Who the calendar is for, by the first name of the mailbox's address
+/// (`Sam Rivera <sam@…>` → `Sam`); `the owner` for a bare address.
+fn owner(address: &str) -> String {
+    address
+        .split_once('<')
+        .and_then(|(name, _)| name.trim().trim_matches('"').split_whitespace().next())
+        .map_or_else(|| "the owner".to_owned(), str::to_owned)
+}
+
+/// The day's events, and the slot's verdict if a slot is named, in words.
+fn calendar_summary(
+    owner: &str,
+    day: NaiveDate,
+    events: &[CalendarEvent],
+    slot: Option<((NaiveDateTime, NaiveDateTime), &[&CalendarEvent])>,
+) -> String {
+    let date = day.format("%Y-%m-%d (%A)");
+    let mut summary = match events {
+        [] => format!("On {date} {owner} has no events."),
+        [one] => format!("On {date} {owner} has 1 event: {}.", event_words(one, day)),
+        many => {
+            let each: Vec<String> = many.iter().map(|event| event_words(event, day)).collect();
+            format!("On {date} {owner} has {} events: {}.", many.len(), each.join("; "))
+        }
+    };
+    if let Some(((start, end), conflicts)) = slot {
+        let slot = span(start, end, day);
+        if conflicts.is_empty() {
+            summary.push_str(&format!(" {slot} is free."));
+        } else {
+            let names: Vec<String> = conflicts
+                .iter()
+                .map(|event| format!("{} ({})", event.title, span(event.starts, event.ends, day)))
+                .collect();
+            summary.push_str(&format!(" {slot} is not free: it overlaps {}.", names.join(" and ")));
+        }
+    }
+    summary
+}
+
+/// `check_calendar`: one day of the owner's calendar, and whether a slot is free.
+pub struct CheckCalendar {
+    /// Every tenant's mailbox (which holds its calendar).
+    pub mailboxes: Arc<Mailboxes>,
+}
+
+#[async_trait]
+impl Tool for CheckCalendar {
+    fn name(&self) -> &str {
+        "check_calendar"
+    }
+
+    fn description(&self) -> &str {
+        "Reads the mailbox owner's calendar for one day (YYYY-MM-DD, today or tomorrow): each event's title, start, \
+         end and location. Given a time slot (start and end as HH:MM), also says whether it is free and which \
+         events conflict with it."
+    }
+
+    fn parameters(&self) -> Value {
+        schema_of::<CalendarArgs>()
+    }
+
+    fn idempotent(&self) -> bool {
+        true
+    }
+
+    fn describe_start(&self, args: &Value) -> String {
+        format!("Checking the calendar for {}", string_arg(args, "date").unwrap_or("a day"))
+    }
+
+    async fn call(&self, context: ToolContext, args: Value) -> Result<ToolOutput, ToolError> {
+        let args: CalendarArgs = parse_args(args)?;
+        let day = day_arg(&args.date, Local::now().date_naive())?;
+        let slot = slot_arg(&args, day)?;
+        let (from, to) = (day.and_time(NaiveTime::MIN), day.and_time(NaiveTime::MIN) + Duration::days(1));
+        let mailbox = self.mailboxes.of(&context.tenant);
+        let events = mailbox.events(from, to).await.map_err(tool_error)?;
+        let conflicts: Vec<&CalendarEvent> = match slot {
+            Some((start, end)) => events.iter().filter(|event| event.overlaps(start, end)).collect(),
+            None => Vec::new(),
+        };
+        let summary =
+            calendar_summary(&owner(mailbox.address()), day, &events, slot.map(|slot| (slot, conflicts.as_slice())));
+        let mut value = json!({
+            "summary": summary,
+            "date": day.format("%Y-%m-%d").to_string(),
+            "events": events.iter().map(|event| event_json(event, day)).collect::<Vec<_>>(),
+        });
+        if slot.is_some() {
+            value["free"] = json!(conflicts.is_empty());
+            value["conflicts"] = json!(conflicts.iter().map(|event| event_json(event, day)).collect::<Vec<_>>());
+        }
+        Ok(ToolOutput::value(value))
+    }
+}
+
+/// A contact in a sentence or two: who they are, the notes, the phone.
+fn contact_summary(contact: &Contact) -> String {
+    let mut summary = if contact.name.is_empty() { contact.email.clone() } else { contact.name.clone() };
+    match contact.relation.as_str() {
+        "" => {}
+        "family" => summary.push_str(", family"),
+        relation if relation.starts_with(['a', 'e', 'i', 'o', 'u']) => summary.push_str(&format!(", an {relation}")),
+        relation => summary.push_str(&format!(", a {relation}")),
+    }
+    if !contact.company.is_empty() {
+        summary.push_str(&format!(" at {}", contact.company));
+    }
+    summary.push('.');
+    if !contact.notes.is_empty() {
+        summary.push_str(&format!(" {}", contact.notes.trim_end_matches('.')));
+        summary.push('.');
+    }
+    if !contact.phone.is_empty() {
+        summary.push_str(&format!(" Phone {}.", contact.phone));
+    }
+    summary
+}
+
+/// `get_contact`: what the owner's address book knows of an address.
+pub struct GetContact {
+    /// Every tenant's mailbox (which holds its address book).
+    pub mailboxes: Arc<Mailboxes>,
+}
+
+#[async_trait]
+impl Tool for GetContact {
+    fn name(&self) -> &str {
+        "get_contact"
+    }
+
+    fn description(&self) -> &str {
+        "Looks up a person in the mailbox owner's address book by email address (or \"Name <address>\"): name, \
+         company, relation (customer, supplier, colleague, family…), phone and notes. An unknown address is \
+         found: false."
+    }
+
+    fn parameters(&self) -> Value {
+        schema_of::<ContactArgs>()
+    }
+
+    fn idempotent(&self) -> bool {
+        true
+    }
+
+    fn describe_start(&self, args: &Value) -> String {
+        format!("Looking up the contact {}", string_arg(args, "email").unwrap_or("of an address"))
+    }
+
+    async fn call(&self, context: ToolContext, args: Value) -> Result<ToolOutput, ToolError> {
+        let args: ContactArgs = parse_args(args)?;
+        let address = calendar::address_of(&args.email).ok_or_else(|| {
+            ToolError::InvalidArgs(format!(
+                "email must be an email address, e.g. name@example.com or \"Name <name@example.com>\", not {:?}",
+                args.email
+            ))
+        })?;
+        let found = self.mailboxes.of(&context.tenant).contact(&address).await.map_err(tool_error)?;
+        let value = match found {
+            Some(contact) => json!({
+                "summary": contact_summary(&contact),
+                "found": true,
+                "email": contact.email,
+                "name": contact.name,
+                "company": contact.company,
+                "relation": contact.relation,
+                "phone": contact.phone,
+                "notes": contact.notes,
+            }),
+            None => json!({"found": false, "summary": format!("No contact is known for {address}.")}),
+        };
+        Ok(ToolOutput::value(value))
     }
 }
 

@@ -1,9 +1,11 @@
 //! The email agents end to end, on the shipped agent files (and their steps) and
 //! the sample mailbox, with a scripted model: the assistant answers the delivery
 //! question from the emails its opening search found, citing them; the triage
-//! workflow drafts a reply to the sender, and `send_email` waits for a human
-//! (approve: one message in the outbox; reject: none); on the complaint, every
-//! side effect waits for a human.
+//! workflow checks the calendar for a meeting request, drafts a reply to the
+//! sender and sends it without a human when the classification is confident
+//! (below 0.8 it waits: a rejection sends nothing); a confident spam ends after
+//! its classification; on the complaint, the sender's contact is looked up and
+//! every side effect waits for a human.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -157,52 +159,72 @@ async fn the_email_assistant_answers_the_delivery_question_from_the_right_emails
 }
 
 /// The model's part of the triage workflow on the meeting request (found and
-/// analysed by the workflow's steps): the draft (addressed by the step, whatever
-/// the model writes there), then, after the send, the report.
+/// analysed by the workflow's steps): the calendar at the time asked for, the
+/// draft (addressed by the step, whatever the model writes there), then, after
+/// the send, the report.
 fn reply_to_the_meeting() -> Vec<Step> {
+    let slot = json!({"date": day(2), "start": "14:00", "end": "15:00"});
     let draft = json!({
         "to": "someone@else.example",
         "subject": "Re: Meeting request: Q3 roadmap review",
         "body": "Hi Priya, that works for me. See you in the small meeting room. Sam",
     });
-    vec![calls(&[("create_draft", draft)]), text("Replied to Priya's meeting request.")]
+    vec![
+        calls(&[("check_calendar", slot)]),
+        calls(&[("create_draft", draft)]),
+        text("Replied to Priya's meeting request: 14:00 is free, accepted and sent."),
+    ]
 }
 
-fn meeting_analysis() -> Arc<dyn ModelClient> {
-    let analysis = r#"{"classification": "meeting_request", "sentiment": "positive", "urgency": "medium",
-        "confidence": 0.93, "summary": "Priya asks to meet about the Q3 roadmap."}"#;
-    Arc::new(ScriptedModel::queue(vec![text(analysis)]))
+fn meeting_analysis(confidence: f64) -> Arc<dyn ModelClient> {
+    let analysis = json!({"classification": "meeting_request", "sentiment": "positive", "urgency": "medium",
+        "confidence": confidence, "summary": "Priya asks to meet about the Q3 roadmap."});
+    Arc::new(ScriptedModel::queue(vec![text(&analysis.to_string())]))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_approved_send_lands_in_the_outbox_exactly_once() {
-    let setup = setup(reply_to_the_meeting(), meeting_analysis()).await;
+async fn a_confident_meeting_request_is_checked_against_the_calendar_drafted_and_sent_without_a_human() {
+    let setup = setup(reply_to_the_meeting(), meeting_analysis(0.9)).await;
     let run_id = setup.submit("email-triage", &format!("Triage the email {MEETING}")).await;
-    let (_, tool, reason) = setup.parked_on(run_id, 1).await;
-    assert_eq!((tool.as_str(), reason.as_str()), ("send_email", "send_email always needs approval"));
-    assert_eq!(setup.mailbox.draft(1).await.unwrap().status, "draft", "a confident analysis lets the draft through");
-    assert!(setup.mailbox.outbox().await.unwrap().is_empty(), "nothing is sent before the approval");
+    let record = setup.runtime.wait(run_id).await.unwrap();
+    assert_eq!(record.status, RunStatus::Succeeded, "{:?}", record.reason);
 
-    setup.decide(run_id, true, None).await;
-    assert_eq!(setup.runtime.wait(run_id).await.unwrap().status, RunStatus::Succeeded);
     let outbox = setup.mailbox.outbox().await.unwrap();
-    assert_eq!(outbox.len(), 1);
+    assert_eq!(outbox.len(), 1, "sent once, with no approval asked");
     assert!(outbox[0].to.contains("priya@brightdesk.example"), "to the sender, as the step says: {}", outbox[0].to);
-    assert_eq!(outbox[0].draft_id, Some(1));
     assert_eq!(setup.mailbox.draft(1).await.unwrap().status, "sent");
     assert_eq!(setup.mailbox.thread(MEETING).await.unwrap().len(), 2, "the reply joins the thread");
-    // The report after the model's own draft keeps the tools its cached prompt holds.
-    let requests = setup.model.requests();
-    let report = requests.last().unwrap();
-    assert_eq!(report.tool_choice, troupe_actors::llm::ToolChoice::None);
-    assert!(!report.tools.is_empty(), "the model wrote the draft: the report reads the same tool definitions");
+    let results = setup.tool_results();
+    let calendar = results.iter().find(|result| result.get("free").is_some()).expect("the calendar was checked");
+    assert_eq!(calendar["free"], true, "the draft was written knowing 14:00 is free: {calendar}");
+
+    let events: Vec<_> = setup.runtime.subscribe(run_id, 0).collect().await;
+    let kinds: Vec<String> = events.iter().map(|event| event.as_ref().unwrap().kind.name().to_owned()).collect();
+    assert!(!kinds.iter().any(|kind| kind == "approval_requested"), "{kinds:?}");
+    // Each step's trace, in order.
+    let steps: Vec<(u32, String)> = events
+        .iter()
+        .filter_map(|event| match &event.as_ref().unwrap().kind {
+            EventKind::StepEnd { order, name, .. } => Some((*order, name.clone())),
+            _ => None,
+        })
+        .collect();
+    let names = ["search_emails", "analyze_email_content", "check_calendar", "create_draft", "send_email", "answer"];
+    let expected: Vec<(u32, String)> =
+        [1, 2, 4, 6, 7, 9].into_iter().zip(names).map(|(order, name)| (order, name.to_owned())).collect();
+    assert_eq!(steps, expected, "skipped steps leave no trace; the others in order");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_rejected_send_sends_nothing_and_the_model_reads_why() {
-    let setup = setup(reply_to_the_meeting(), meeting_analysis()).await;
+async fn a_meeting_request_classified_with_little_confidence_waits_for_a_human_and_a_rejection_sends_nothing() {
+    let setup = setup(reply_to_the_meeting(), meeting_analysis(0.6)).await;
     let run_id = setup.submit("email-triage", &format!("Triage the email {MEETING}")).await;
-    setup.parked_on(run_id, 1).await;
+    let (_, tool, reason) = setup.parked_on(run_id, 1).await;
+    assert_eq!(tool, "create_draft", "below 0.8 even the draft waits");
+    assert!(reason.contains("below 0.80"), "{reason}");
+    setup.decide(run_id, true, None).await;
+    let (_, tool, _) = setup.parked_on(run_id, 2).await;
+    assert_eq!(tool, "send_email");
     setup.decide(run_id, false, Some("I am away that day")).await;
     assert_eq!(setup.runtime.wait(run_id).await.unwrap().status, RunStatus::Succeeded);
     assert!(setup.mailbox.outbox().await.unwrap().is_empty());
@@ -210,6 +232,20 @@ async fn a_rejected_send_sends_nothing_and_the_model_reads_why() {
     let results = setup.tool_results();
     let rejection = results.last().unwrap().to_string();
     assert!(rejection.contains("I am away that day"), "{rejection}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spam_email_classified_with_confidence_ends_the_run_after_its_classification() {
+    let analysis = json!({"classification": "spam", "sentiment": "neutral", "urgency": "low", "confidence": 0.97,
+        "summary": "A prize scam."});
+    let setup = setup(Vec::new(), Arc::new(ScriptedModel::queue(vec![text(&analysis.to_string())]))).await;
+    let run_id = setup.submit("email-triage", "Triage the email winner-5512@prize-center.example").await;
+    let record = setup.runtime.wait(run_id).await.unwrap();
+    assert_eq!(record.status, RunStatus::Succeeded);
+    let answer = record.final_output.unwrap_or_default();
+    assert!(answer.starts_with("This email is spam (confidence 0.9"), "{answer}");
+    assert!(setup.model.requests().is_empty(), "the agent's model is never asked");
+    assert!(setup.mailbox.draft(1).await.is_err() && setup.mailbox.outbox().await.unwrap().is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -234,6 +270,7 @@ async fn the_triage_agent_sends_the_complaints_side_effects_to_a_human() {
     assert_eq!(ids(&results[0]), vec![COMPLAINT], "the email the request names");
     let analysis = &results[1];
     assert_eq!((analysis["classification"].as_str(), analysis["method"].as_str()), (Some("complaint"), Some("rules")));
+    assert_eq!(results[2]["name"], "Daniel Okafor", "the sender's contact, looked up before the draft");
     assert!(setup.mailbox.draft(1).await.is_err(), "even the draft waits for the human");
 
     setup.decide(run_id, true, None).await;

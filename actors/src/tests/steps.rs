@@ -159,3 +159,64 @@ async fn a_finishing_step_ends_the_run_with_its_answer_and_asks_the_model_nothin
     let reviewed = events.iter().filter(|event| matches!(event.kind, EventKind::Review { .. })).count();
     assert_eq!(reviewed, 2, "the finishing turn is reviewed like any");
 }
+
+/// Fails its first `failures` calls, then answers `{"value": "ok"}`.
+struct RecoveringTool {
+    failures: u32,
+    calls: std::sync::atomic::AtomicU32,
+}
+
+#[async_trait::async_trait]
+impl crate::tool::Tool for RecoveringTool {
+    fn name(&self) -> &str {
+        "recovering"
+    }
+    fn description(&self) -> &str {
+        "Fails at first, then works."
+    }
+    fn parameters(&self) -> Value {
+        json!({"type": "object", "properties": {}})
+    }
+    async fn call(
+        &self,
+        _context: crate::tool::ToolContext,
+        _args: Value,
+    ) -> Result<crate::tool::ToolOutput, crate::tool::ToolError> {
+        if self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < self.failures {
+            return Err(crate::tool::ToolError::failed("unavailable", "try later"));
+        }
+        Ok(crate::tool::ToolOutput::value(json!({"value": "ok"})))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_whose_tool_fails_twice_then_succeeds_goes_on_and_each_try_is_traced() {
+    let mut setup = Setup::new(ScriptedModel::queue(vec![]));
+    setup.config.step_retry_backoff = std::time::Duration::from_millis(5);
+    setup.extra_tools = vec![std::sync::Arc::new(RecoveringTool { failures: 2, calls: Default::default() })];
+    setup.steps = serde_json::from_value(json!([
+        {"tool": "recovering", "args": {}},
+        {"finish": "It worked: {recovering.value}."},
+    ]))
+    .unwrap();
+    let harness = setup.start().await;
+    let (record, events) = harness.run("try").await;
+
+    assert_eq!(record.status, RunStatus::Succeeded);
+    assert_eq!(record.final_output.as_deref(), Some("It worked: ok."));
+    let tries: Vec<(u32, CallStatus)> =
+        executed(&events).into_iter().map(|(turn, _, _, status)| (turn, status)).collect();
+    assert_eq!(tries, vec![(1, CallStatus::Failed), (2, CallStatus::Failed), (3, CallStatus::Completed)]);
+    let traced: Vec<(u32, u32, String)> = events
+        .iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::StepEnd { turn, order, status, .. } => Some((*turn, *order, status.clone())),
+            _ => None,
+        })
+        .collect();
+    let trace = |turn, order, status: &str| (turn, order, status.to_owned());
+    assert_eq!(
+        traced,
+        vec![trace(1, 1, "failed"), trace(2, 1, "failed"), trace(3, 1, "completed"), trace(4, 2, "completed")]
+    );
+}
