@@ -21,6 +21,8 @@ pub struct Entities {
     pub amounts: Vec<Amount>,
     /// Calendar dates.
     pub dates: Vec<DateMention>,
+    /// Times of day, as `HH:MM` (24-hour; "2 pm" and "2:30pm" too).
+    pub times: Vec<String>,
     /// Phone numbers, as written.
     pub phone_numbers: Vec<String>,
     /// Email addresses, lowercased.
@@ -76,9 +78,52 @@ pub fn extract(text: &str) -> Entities {
     tracking_numbers(&words, &mut claimed, &mut found.tracking_numbers);
     order_numbers(&words, &mut claimed, &mut found.order_numbers);
     dates(&words, &mut claimed, &mut found.dates);
+    times(&words, &mut claimed, &mut found.times);
     amounts(&words, &mut claimed, &mut found.amounts);
     phone_numbers(&words, &mut claimed, &mut found.phone_numbers);
     found
+}
+
+/// Times of day: `14:00`, `9:30`, `2pm`, `2:30 pm`, as `HH:MM`.
+fn times(words: &[Word<'_>], claimed: &mut [bool], found: &mut Vec<String>) {
+    for (index, word) in words.iter().enumerate() {
+        if claimed[index] {
+            continue;
+        }
+        let bare = trim_punctuation(word.text).to_ascii_lowercase();
+        let next = words.get(index + 1).map(|next| trim_punctuation(next.text).to_ascii_lowercase());
+        let (clock, meridiem, taken) = match (bare.strip_suffix("am"), bare.strip_suffix("pm")) {
+            (Some(clock), _) => (clock.to_owned(), Some(false), 1),
+            (_, Some(clock)) => (clock.to_owned(), Some(true), 1),
+            _ => match next.as_deref() {
+                Some("am" | "a.m") => (bare.clone(), Some(false), 2),
+                Some("pm" | "p.m") => (bare.clone(), Some(true), 2),
+                _ => (bare.clone(), None, 1),
+            },
+        };
+        let (hours, minutes) = match clock.split_once(':') {
+            Some((hours, minutes)) if minutes.len() == 2 => (hours, minutes),
+            None if meridiem.is_some() => (clock.as_str(), "00"),
+            _ => continue,
+        };
+        let (Ok(mut hours), Ok(minutes)) = (hours.parse::<u32>(), minutes.parse::<u32>()) else { continue };
+        if hours.to_string().len() > 2
+            || minutes > 59
+            || hours > 23
+            || (meridiem.is_some() && !(1..=12).contains(&hours))
+        {
+            continue;
+        }
+        match meridiem {
+            Some(true) if hours < 12 => hours += 12,
+            Some(false) if hours == 12 => hours = 0,
+            _ => {}
+        }
+        push_unique(found, format!("{hours:02}:{minutes:02}"));
+        for at in index..(index + taken).min(words.len()) {
+            claimed[at] = true;
+        }
+    }
 }
 
 /// A whitespace-separated word of the text.
@@ -436,6 +481,12 @@ mod tests {
             vec![(89.48, "USD"), (249.0, "EUR"), (29.9, "EUR"), (1299.5, "EUR"), (1200.0, "EUR"), (5.0, "GBP")]
         );
         assert_eq!(found.amounts[0].text, "$89.48");
+    }
+
+    #[test]
+    fn times_of_day_in_24_hour_and_am_pm_spellings() {
+        let found = extract("Could we meet at 14:00 for an hour, or 9:30, or 2 pm? Not 2:30pm. Order 12:345.");
+        assert_eq!(found.times, ["14:00", "09:30", "14:30"], "each once, in order; 12:345 is no time");
     }
 
     #[test]

@@ -368,8 +368,9 @@ impl Tool for ExtractEntities {
     }
 
     fn description(&self) -> &str {
-        "Finds tracking numbers (with carrier), order numbers, amounts with currency, dates (as YYYY-MM-DD), phone \
-         numbers, email addresses and URLs in an email (by id) or a text. Exact and deterministic."
+        "Finds tracking numbers (with carrier), order numbers, amounts with currency, dates (as YYYY-MM-DD), times \
+         of day (as HH:MM), phone numbers, email addresses and URLs in an email (by id) or a text. Exact and \
+         deterministic."
     }
 
     fn parameters(&self) -> Value {

@@ -162,7 +162,10 @@ impl Session {
         }
         match final_answer {
             Some(answer) => {
-                let not_an_answer = crate::answer::not_an_answer_to(&live.run.input, &answer);
+                // Nor is the question it was last asked (an answer step's words) repeated.
+                let asked = live.conversation.iter().rev().skip(1).find(|message| message.role == Role::User);
+                let not_an_answer = crate::answer::not_an_answer_to(&live.run.input, &answer)
+                    .or_else(|| asked.and_then(|asked| crate::answer::not_an_answer_to(&asked.content, &answer)));
                 // A reflecting agent judges its answer itself (below); the review's
                 // `gather_more` sends back the answers of the others, once.
                 let gather_more = recommendation == Recommendation::GatherMore && !live.agent.reflect;

@@ -142,6 +142,24 @@ async fn an_answer_step_asks_in_its_words_right_before_the_answer_with_no_tool()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_that_repeats_the_steps_words_is_sent_back() {
+    let echo = text("Tell me what the 2 results above say.");
+    let model = ScriptedModel::queue(vec![echo, text("Two documents about lamps.")]);
+    let mut setup = Setup::new(model);
+    setup.steps = serde_json::from_value(json!([
+        {"tool": "search", "args": {"query": "{input}"}},
+        {"prompt": "Tell me what the {search.found} results above say."},
+    ]))
+    .unwrap();
+    let harness = setup.start().await;
+    let (record, _) = harness.run("lamps").await;
+
+    assert_eq!(record.status, RunStatus::Succeeded);
+    assert_eq!(record.final_output.as_deref(), Some("Two documents about lamps."), "the echo was no answer");
+    assert_eq!(harness.requests().len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_finishing_step_ends_the_run_with_its_answer_and_asks_the_model_nothing() {
     let mut setup = Setup::new(ScriptedModel::queue(vec![text("the model was asked")]));
     setup.steps = serde_json::from_value(json!([
