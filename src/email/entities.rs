@@ -120,9 +120,8 @@ fn times(words: &[Word<'_>], claimed: &mut [bool], found: &mut Vec<String>) {
             _ => {}
         }
         push_unique(found, format!("{hours:02}:{minutes:02}"));
-        for at in index..(index + taken).min(words.len()) {
-            claimed[at] = true;
-        }
+        let end = (index + taken).min(claimed.len());
+        claimed[index..end].fill(true);
     }
 }
 
