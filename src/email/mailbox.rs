@@ -424,6 +424,17 @@ impl Mailbox {
         row.as_ref().map(email).transpose()?.ok_or_else(|| MailboxError::UnknownEmail(id.to_owned()))
     }
 
+    /// Moves the email `id` to `folder` (`needs_review`, say); returns it as filed.
+    pub async fn file(&self, id: &str, folder: &str) -> Result<Email, MailboxError> {
+        let pool = self.pool().await?;
+        let moved =
+            sqlx::query("UPDATE emails SET folder = ? WHERE id = ?").bind(folder).bind(id).execute(pool).await?;
+        if moved.rows_affected() == 0 {
+            return Err(MailboxError::UnknownEmail(id.to_owned()));
+        }
+        self.get(id).await
+    }
+
     /// The thread of the email `id` (or the thread called `id`), oldest first.
     pub async fn thread(&self, id: &str) -> Result<Vec<Email>, MailboxError> {
         let pool = self.pool().await?;

@@ -77,6 +77,7 @@ pub fn email_tools(mailboxes: Arc<Mailboxes>, model: Arc<dyn ModelClient>) -> Ve
         Arc::new(tools::ExtractEntities { mailboxes: mailboxes.clone() }),
         Arc::new(tools::CheckCalendar { mailboxes: mailboxes.clone() }),
         Arc::new(tools::GetContact { mailboxes: mailboxes.clone() }),
+        Arc::new(tools::FileEmail { mailboxes: mailboxes.clone() }),
         Arc::new(analyze::AnalyzeEmailContent { mailboxes: mailboxes.clone(), model }),
         Arc::new(tools::CreateDraft { mailboxes: mailboxes.clone() }),
         Arc::new(tools::SendEmail { mailboxes }),

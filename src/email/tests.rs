@@ -473,3 +473,21 @@ async fn an_unseeded_mailbox_has_no_contacts_or_events() {
     let priya = call(&tools, "get_contact", json!({"email": "priya@brightdesk.example"})).await.unwrap();
     assert_eq!(priya["found"], false);
 }
+
+#[tokio::test]
+async fn file_email_moves_an_email_to_a_folder_and_refuses_bad_folders() {
+    let temp = temp_mailbox(true);
+    let tools = tools(&temp, ScriptedModel::queue(vec![]));
+    let id = "complaint-bd2291@mail.example";
+    let filed = call(&tools, "file_email", json!({"email_id": id, "folder": "needs_review"})).await.unwrap();
+    assert_eq!(filed["folder"], "needs_review");
+    assert!(filed["summary"].as_str().unwrap().contains("in needs_review"), "{filed}");
+    let found = call(&tools, "search_emails", json!({"query": "refund", "folder": "needs_review"})).await.unwrap();
+    assert_eq!(found["emails"][0]["id"], id, "{found}");
+    let again = call(&tools, "file_email", json!({"email_id": id, "folder": "needs_review"})).await.unwrap();
+    assert_eq!(again["folder"], "needs_review", "the same folder twice changes nothing");
+    let bad = call(&tools, "file_email", json!({"email_id": id, "folder": "Needs Review!"})).await.unwrap_err();
+    assert!(bad.to_string().contains("lower-case"), "{bad}");
+    let unknown = call(&tools, "file_email", json!({"email_id": "nope@x", "folder": "archive"})).await.unwrap_err();
+    assert!(unknown.to_string().contains("unknown_email") || unknown.to_string().contains("no email"), "{unknown}");
+}

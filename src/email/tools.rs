@@ -355,6 +355,63 @@ impl Tool for GetEmailThread {
     }
 }
 
+/// `file_email`'s arguments.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct FileArgs {
+    /// The email's id.
+    email_id: String,
+    /// The folder: lower-case letters, digits and `_` (`needs_review`, `archive`).
+    folder: String,
+}
+
+/// `file_email`: moves an email to a folder, such as `needs_review` for one a
+/// person must look at. Setting the same folder twice changes nothing.
+pub struct FileEmail {
+    /// Every tenant's mailbox.
+    pub mailboxes: Arc<Mailboxes>,
+}
+
+#[async_trait]
+impl Tool for FileEmail {
+    fn name(&self) -> &str {
+        "file_email"
+    }
+
+    fn description(&self) -> &str {
+        "Moves an email (by id) to a folder, e.g. needs_review for one a person must look at, or archive."
+    }
+
+    fn parameters(&self) -> Value {
+        schema_of::<FileArgs>()
+    }
+
+    fn idempotent(&self) -> bool {
+        true
+    }
+
+    fn describe_start(&self, args: &Value) -> String {
+        let folder = string_arg(args, "folder").unwrap_or("a folder");
+        format!("Filing {} in {folder}", string_arg(args, "email_id").unwrap_or("an email"))
+    }
+
+    async fn call(&self, context: ToolContext, args: Value) -> Result<ToolOutput, ToolError> {
+        let FileArgs { email_id, folder } = parse_args(args)?;
+        let valid = !folder.is_empty()
+            && folder.len() <= 32
+            && folder.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+        if !valid {
+            return Err(ToolError::InvalidArgs(format!(
+                "folder must be 1 to 32 lower-case letters, digits or _, not {folder:?}"
+            )));
+        }
+        let id = crate::email::mime::strip_brackets(email_id.trim());
+        let email = self.mailboxes.of(&context.tenant).file(id, &folder).await.map_err(tool_error)?;
+        let value = json!({"summary": format!("Filed \"{}\" in {folder}.", email.subject), "email_id": email.id, "folder": folder});
+        Ok(ToolOutput { value, fragments: vec![fragment(&email)], cost_usd: 0.0 })
+    }
+}
+
 /// `extract_entities`: deterministic entities of an email or a text.
 pub struct ExtractEntities {
     /// Every tenant's mailbox.
