@@ -28,9 +28,14 @@ const RUNTIME_MARKERS: &[&str] = &[
     "identical call already succeeded",
     "its result was:",
     "Go on: call a tool if more is needed",
-    crate::session::reflect::BEFORE_ACTING,
-    crate::session::reflect::AFTER_RESPONSE,
+    BEFORE_ACTING,
+    AFTER_RESPONSE,
 ];
+
+/// How a reflecting agent's reasoning before acting opens in the conversation.
+pub const BEFORE_ACTING: &str = "Your reasoning before acting (not the user):";
+/// How a reflection that found an answer incomplete opens in the conversation.
+pub const AFTER_RESPONSE: &str = "Your reflection on your answer (not the user):";
 
 /// Why `text` is not an answer: `"runtime text"` or `"a tool call written as
 /// text"`; `None` when it may be one.

@@ -39,7 +39,7 @@ mod model;
 mod outbox;
 mod plan;
 pub(crate) mod prompt;
-pub(crate) mod reflect;
+mod reflect;
 mod results;
 mod resume;
 mod review;

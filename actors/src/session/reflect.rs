@@ -19,16 +19,12 @@ use ractor::{ActorProcessingErr, ActorRef};
 use serde_json::{Value, json};
 use tracing::{Instrument, warn};
 
+use crate::answer::{AFTER_RESPONSE, BEFORE_ACTING};
 use crate::llm::{ChatRequest, Message, ModelChunk, ModelClient, Role, ToolChoice, ToolDefinition};
 use crate::protocol::{EventKind, RunStatus, Thought, ThoughtStage, Usage};
 use crate::session::state::{AbortOnDrop, Live, Phase};
 use crate::session::{Session, SessionMsg};
 use crate::store::StoreWrite;
-
-/// How the reasoning before acting opens in the conversation.
-pub(crate) const BEFORE_ACTING: &str = "Your reasoning before acting (not the user):";
-/// How a reflection that found the answer incomplete opens in the conversation.
-pub(crate) const AFTER_RESPONSE: &str = "Your reflection on your answer (not the user):";
 
 /// The tool the reasoning call must call.
 const THINK: &str = "think";

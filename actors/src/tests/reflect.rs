@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use serde_json::json;
 
+use crate::answer::{AFTER_RESPONSE, BEFORE_ACTING};
 use crate::protocol::{EventKind, Limits, RunEvent, RunStatus, Thought, ThoughtStage};
-use crate::session::reflect::{AFTER_RESPONSE, BEFORE_ACTING};
 use crate::testing::{ScriptedModel, Step, calls, text};
 use crate::tests::{Setup, turns_and_reviews};
 
