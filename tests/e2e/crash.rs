@@ -1,7 +1,8 @@
 //! The real binary killed with SIGKILL at seeded random moments while it runs
 //! agent runs that write a journal (a side effect) and measure text (idempotent),
 //! then restarted: no run is lost, every run ends, no journal entry is written
-//! twice, and every run's events are gap-free.
+//! twice, and every run's events are gap-free. The triage workflow, killed the
+//! same way, resumes at its next step and sends no reply twice.
 //!
 //! `TROUPE_CRASH_SEED` replays a schedule; `TROUPE_CRASH_KILLS` sets the kills (30).
 
@@ -180,4 +181,88 @@ impl Sandbox {
             .stderr(Stdio::null());
         command
     }
+}
+
+/// The triage workflow killed with SIGKILL at random moments, then resumed: each
+/// run goes on from the step where it stopped and ends, and each sends its reply
+/// exactly once (a confident meeting request is sent with no human).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_triage_run_killed_between_steps_resumes_without_sending_twice() {
+    let seed: u64 = std::env::var("TROUPE_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(20261127);
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let sandbox = Sandbox::new(&format!("triage-{seed}"), r#"["journal"]"#);
+    let dir = &sandbox.dir;
+    let mailbox = dir.join("tenants/{tenant}/mailbox.db");
+    let config = std::fs::read_to_string(dir.join("troupe.toml")).unwrap()
+        + &format!("[email]\nmailbox_path = {:?}\n", mailbox.display().to_string());
+    std::fs::write(dir.join("troupe.toml"), config).unwrap();
+    std::fs::write(dir.join("agents/email-triage.toml"), include_str!("../../config/agents/email-triage.toml"))
+        .unwrap();
+
+    // By the assistant messages a request holds: 0 the analysis (a separate
+    // prompt), 4 the draft the model writes (after the search, analysis, entities
+    // and calendar steps), then the report.
+    let analysis = r#"{"classification": "meeting_request", "sentiment": "positive", "urgency": "medium", "confidence": 0.9, "summary": "A meeting.", "requested_action": "meet"}"#;
+    let draft = r#"{"subject": "Re: Q3 roadmap review", "body": "Hi Priya, 14:00 works. Sam"}"#;
+    let mut replies = vec![text_stream(analysis, 4)];
+    replies.extend((1..4).map(|_| text_stream("Replied to Priya.", 2)));
+    replies.push(tool_call_stream(&[("d", "create_draft", draft)], 3));
+    replies.push(text_stream("Replied to Priya: 14:00 is free, accepted and sent.", 3));
+    for reply in &mut replies {
+        if let FakeReply::Stream { delay_ms, .. } = reply {
+            *delay_ms = 10;
+        }
+    }
+    let server = FakeOpenAi::start(Vec::new(), Some(FakeReply::PerTurn { replies })).await.unwrap();
+    let troupe = |args: &[&str]| sandbox.troupe(&server, args);
+
+    let rounds = 8;
+    for round in 0..rounds {
+        let asked = server.requests().len();
+        let mut child =
+            troupe(&["demo", "--agent", "email-triage", "Triage the email roadmap-meeting@brightdesk.example"])
+                .spawn()
+                .unwrap();
+        eventually(Duration::from_secs(60), &format!("round {round}: the run never reached the model"), || async {
+            server.requests().len() > asked
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(rng.u64(0..400))).await;
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+    finish(troupe(&["resume"])).await;
+
+    let store = SqlStore::connect(&sandbox.store_url).await.unwrap();
+    let runs = store.list_runs(RunQuery { tenant: None, status: None, limit: 100 }).await.unwrap();
+    assert_eq!(runs.len(), rounds);
+    let outbox = troupe::email::Mailbox::new(troupe::email::MailboxOptions {
+        path: dir.join("tenants/default/mailbox.db"),
+        seed_sample: false,
+        address: "sam@brightdesk.example".into(),
+    });
+    let sent = outbox.outbox().await.unwrap();
+    let mut sends = 0;
+    for run in &runs {
+        assert_eq!(run.status, RunStatus::Succeeded, "run {} ended {:?}: {:?}", run.run_id, run.status, run.reason);
+        let snapshot = store.load(run.run_id).await.unwrap().unwrap();
+        let send: Vec<_> = snapshot.tool_executions.iter().filter(|call| call.tool == "send_email").collect();
+        assert_eq!(send.len(), 1, "one send call per run: {send:?}");
+        let events = store.events_after(run.run_id, 0, 100_000).await.unwrap();
+        let steps: Vec<u32> = events
+            .iter()
+            .filter_map(|event| match &event.kind {
+                EventKind::StepEnd { order, status, .. } if status == "completed" => Some(*order),
+                _ => None,
+            })
+            .collect();
+        assert!(steps.windows(2).all(|pair| pair[0] < pair[1]), "steps in order, none done twice: {steps:?}");
+        if send[0].status == CallStatus::Completed {
+            sends += 1;
+        }
+    }
+    assert_eq!(sent.len(), sends, "each completed send queued one message, none twice");
+    let keys: std::collections::HashSet<_> = sent.iter().map(|message| message.draft_id).collect();
+    assert_eq!(keys.len(), sent.len(), "no draft was sent twice");
+    let _ = std::fs::remove_dir_all(dir);
 }
