@@ -4,8 +4,9 @@
 //! workflow checks the calendar for a meeting request, drafts a reply to the
 //! sender and sends it without a human when the classification is confident
 //! (below 0.8 it waits: a rejection sends nothing); a confident spam ends after
-//! its classification; on the complaint, the sender's contact is looked up and
-//! every side effect waits for a human.
+//! its classification; one whose classification keeps failing is filed in
+//! needs_review; on the complaint, the sender's contact is looked up and every
+//! side effect waits for a human.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -20,7 +21,7 @@ use troupe_actors::llm::{ModelClient, ModelRegistry, Role};
 use troupe_actors::protocol::{Citation, EventKind, RunId, RunStatus};
 use troupe_actors::store::MemoryStore;
 use troupe_actors::testing::{ScriptedModel, Step, calls, text};
-use troupe_actors::tool::ToolRegistry;
+use troupe_actors::tool::{Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
 use troupe_actors::{Deps, RunInput, Runtime, SubmitRequest};
 
 const SHIP_LUMEN: &str = "ship-lb55821@lumenbooks.example";
@@ -45,12 +46,23 @@ impl Drop for Setup {
 }
 
 async fn setup(script: Vec<Step>, analysis: Arc<dyn ModelClient>) -> Setup {
+    setup_with(script, analysis, None).await
+}
+
+/// [`setup`], with `stand_in` answering in place of the email tool of its name.
+async fn setup_with(script: Vec<Step>, analysis: Arc<dyn ModelClient>, stand_in: Option<Arc<dyn Tool>>) -> Setup {
     let dir = std::env::temp_dir().join(format!("troupe-e2e-email-{}", uuid::Uuid::now_v7()));
     let mailboxes = Arc::new(EmailConfig::default().mailboxes(&dir));
     // Runs submitted without a tenant act for `default`.
     let mailbox = mailboxes.of("default");
     let mut tools = ToolRegistry::new();
-    troupe::email::register(&mut tools, mailboxes, analysis).unwrap();
+    for tool in troupe::email::email_tools(mailboxes, analysis) {
+        let tool = match &stand_in {
+            Some(stand_in) if stand_in.name() == tool.name() => stand_in.clone(),
+            _ => tool,
+        };
+        tools.register(tool).unwrap();
+    }
     let agents = vec![
         parse_agent("email-assistant.toml", include_str!("../../config/agents/email-assistant.toml")).unwrap(),
         parse_agent("email-triage.toml", include_str!("../../config/agents/email-triage.toml")).unwrap(),
@@ -64,7 +76,9 @@ async fn setup(script: Vec<Step>, analysis: Arc<dyn ModelClient>) -> Setup {
         hooks: Vec::new(),
         agents,
     };
-    let runtime = Runtime::start(RuntimeConfig::default(), deps).await.unwrap();
+    // A failed step is tried again at once: the pause is not what is tested here.
+    let config = RuntimeConfig { step_retry_backoff: std::time::Duration::from_millis(5), ..RuntimeConfig::default() };
+    let runtime = Runtime::start(config, deps).await.unwrap();
     Setup { runtime, mailbox, model, dir }
 }
 
@@ -287,6 +301,45 @@ async fn the_triage_agent_sends_the_complaints_side_effects_to_a_human() {
     setup.decide(run_id, true, None).await;
     assert_eq!(setup.runtime.wait(run_id).await.unwrap().status, RunStatus::Succeeded);
     assert_eq!(setup.mailbox.outbox().await.unwrap().len(), 1);
+}
+
+/// An `analyze_email_content` whose model is down: every call fails.
+struct DownAnalysis;
+
+#[async_trait::async_trait]
+impl Tool for DownAnalysis {
+    fn name(&self) -> &str {
+        "analyze_email_content"
+    }
+    fn description(&self) -> &str {
+        "Classifies an email (its model is down)."
+    }
+    fn parameters(&self) -> Value {
+        json!({"type": "object"})
+    }
+    async fn call(&self, _context: ToolContext, _args: Value) -> Result<ToolOutput, ToolError> {
+        Err(ToolError::failed("model_unavailable", "the analysis model does not answer"))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_email_whose_classification_keeps_failing_is_filed_for_a_person() {
+    let setup = setup_with(Vec::new(), Arc::new(ScriptedModel::queue(vec![])), Some(Arc::new(DownAnalysis))).await;
+    let run_id = setup.submit("email-triage", &format!("Triage the email {MEETING}")).await;
+    let record = setup.runtime.wait(run_id).await.unwrap();
+    assert_eq!(record.status, RunStatus::Succeeded);
+    let answer = record.final_output.unwrap_or_default();
+    assert!(answer.starts_with("The email could not be classified, so it is filed in needs_review"), "{answer}");
+    assert_eq!(setup.mailbox.get(MEETING).await.unwrap().folder, "needs_review");
+    let events: Vec<_> = setup.runtime.subscribe(run_id, 0).collect().await;
+    let analyses = events
+        .iter()
+        .filter(|event| {
+            matches!(&event.as_ref().unwrap().kind, EventKind::ToolMetric { record } if record.tool == "analyze_email_content")
+        })
+        .count();
+    assert_eq!(analyses, 3, "tried three times");
+    assert!(setup.model.requests().is_empty() && setup.mailbox.draft(1).await.is_err(), "no draft, no model");
 }
 
 /// Two tenants' runs through the same tools: each searches and journals in its own
