@@ -184,8 +184,9 @@ impl Sandbox {
 }
 
 /// The triage workflow killed with SIGKILL at random moments, then resumed: each
-/// run goes on from the step where it stopped and ends, and each sends its reply
-/// exactly once (a confident meeting request is sent with no human).
+/// run goes on from the step where it stopped and ends, no step's side effect is
+/// made twice, and each run whose draft was made sends it once (a confident
+/// meeting request goes with no human).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_triage_run_killed_between_steps_resumes_without_sending_twice() {
     let seed: u64 = std::env::var("TROUPE_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(20261127);
@@ -242,12 +243,24 @@ async fn a_triage_run_killed_between_steps_resumes_without_sending_twice() {
         address: "sam@brightdesk.example".into(),
     });
     let sent = outbox.outbox().await.unwrap();
-    let mut sends = 0;
+    let (mut sends, mut cut) = (0, 0);
     for run in &runs {
         assert_eq!(run.status, RunStatus::Succeeded, "run {} ended {:?}: {:?}", run.run_id, run.status, run.reason);
         let snapshot = store.load(run.run_id).await.unwrap().unwrap();
+        let calls = |tool: &str| snapshot.tool_executions.iter().filter(|call| call.tool == tool).count();
         let send: Vec<_> = snapshot.tool_executions.iter().filter(|call| call.tool == "send_email").collect();
-        assert_eq!(send.len(), 1, "one send call per run: {send:?}");
+        let draft = snapshot.tool_executions.iter().find(|call| call.tool == "create_draft").expect("a draft call");
+        assert_eq!(calls("create_draft"), 1, "the draft is never made twice");
+        // A draft cut off by a kill is not made again (it may have been made): the
+        // run reports without sending.
+        match draft.status {
+            CallStatus::Completed => assert_eq!(send.len(), 1, "one send call per run: {send:?}"),
+            CallStatus::Interrupted => assert!(send.is_empty(), "{send:?}"),
+            other => panic!("the draft ended {other:?}"),
+        }
+        if send.first().is_some_and(|call| call.status == CallStatus::Interrupted) {
+            cut += 1;
+        }
         let events = store.events_after(run.run_id, 0, 100_000).await.unwrap();
         let steps: Vec<u32> = events
             .iter()
@@ -257,11 +270,12 @@ async fn a_triage_run_killed_between_steps_resumes_without_sending_twice() {
             })
             .collect();
         assert!(steps.windows(2).all(|pair| pair[0] < pair[1]), "steps in order, none done twice: {steps:?}");
-        if send[0].status == CallStatus::Completed {
+        if send.first().is_some_and(|call| call.status == CallStatus::Completed) {
             sends += 1;
         }
     }
-    assert_eq!(sent.len(), sends, "each completed send queued one message, none twice");
+    // A send cut off by a kill may have queued its message before it died.
+    assert!(sends <= sent.len() && sent.len() <= sends + cut, "{sends} sends completed, {cut} cut off: {sent:?}");
     let keys: std::collections::HashSet<_> = sent.iter().map(|message| message.draft_id).collect();
     assert_eq!(keys.len(), sent.len(), "no draft was sent twice");
     let _ = std::fs::remove_dir_all(dir);
