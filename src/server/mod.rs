@@ -38,9 +38,9 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use incidents::ConnectionNote;
 use throttle::LogThrottle;
@@ -88,6 +88,9 @@ pub async fn serve(
             },
             () = shutdown.cancelled() => break,
         };
+        if let Err(error) = without_delay(&stream) {
+            debug!(%error, %peer, "could not set TCP_NODELAY");
+        }
         let mut builder = hyper::server::conn::http1::Builder::new();
         builder.timer(TokioTimer::new()).header_read_timeout(timeouts.header_read).keep_alive(true);
         let note = Arc::new(ConnectionNote::new(peer));
@@ -128,6 +131,14 @@ impl hyper::service::Service<hyper::Request<Incoming>> for Noted {
     }
 }
 
+/// Turns Nagle's algorithm off on an accepted connection: responses and events
+/// are small writes that must go out at once. With it on, a client that reads an
+/// event stream to its end waits for a delayed ACK (about 40 ms) on the chunked
+/// terminator.
+fn without_delay(stream: &TcpStream) -> std::io::Result<()> {
+    stream.set_nodelay(true)
+}
+
 /// Binds `addr`.
 pub async fn bind(addr: &str) -> Result<(TcpListener, SocketAddr), ServeError> {
     let listener = TcpListener::bind(addr).await?;
@@ -139,4 +150,21 @@ pub async fn bind(addr: &str) -> Result<(TcpListener, SocketAddr), ServeError> {
 /// The whole router: the API, the event stream, health, metrics, OpenAPI.
 pub fn router(state: AppState) -> axum::Router {
     api::router(state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn accepted_connections_send_without_delay() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let client = tokio::spawn(async move { TcpStream::connect(address).await });
+        let (stream, _) = listener.accept().await.unwrap();
+        assert!(!stream.nodelay().unwrap(), "an accepted socket starts with Nagle's algorithm on");
+        without_delay(&stream).unwrap();
+        assert!(stream.nodelay().unwrap(), "TCP_NODELAY is set");
+        drop(client.await.unwrap().unwrap());
+    }
 }
