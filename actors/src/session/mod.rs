@@ -84,20 +84,15 @@ pub enum SessionMsg {
         /// Wall time of the call.
         elapsed: std::time::Duration,
     },
-    /// The call of an agent step, made in place of the model's reply (sent to itself).
-    StepCall {
+    /// A reply the runtime gives in place of the model's (sent to itself): an
+    /// agent step's call or answer, or the `ask_user` call of a `clarify_query`.
+    RuntimeReply {
         /// The turn.
         turn: u32,
-        /// The call.
-        call: ToolCall,
-    },
-    /// The answer of an agent step that ends the run, given in place of the
-    /// model's reply (sent to itself).
-    StepAnswer {
-        /// The turn.
-        turn: u32,
-        /// The answer.
-        answer: String,
+        /// The answer (empty with a call).
+        content: String,
+        /// The calls.
+        calls: Vec<ToolCall>,
     },
     /// A tool call ended.
     ToolDone(Box<ToolResult>),
@@ -281,8 +276,9 @@ impl Session {
             SessionMsg::ModelDone { turn, result, elapsed } => {
                 self.on_model_done(&myself, live, turn, result, elapsed).await
             }
-            SessionMsg::StepCall { turn, call } => self.on_step_call(&myself, live, turn, call).await,
-            SessionMsg::StepAnswer { turn, answer } => self.on_step_answer(&myself, live, turn, answer).await,
+            SessionMsg::RuntimeReply { turn, content, calls } => {
+                self.on_runtime_reply(&myself, live, turn, content, calls).await
+            }
             SessionMsg::ToolDone(result) => self.on_tools_done(&myself, live, vec![*result]).await,
             SessionMsg::ToolResults(inbox) => self.on_tools_done(&myself, live, inbox.take()).await,
             SessionMsg::SubRunSpent { usage } => {

@@ -77,7 +77,7 @@ impl Session {
             let args = serde_json::json!({ "question": question });
             let call =
                 ToolCall { call_id: format!("clarify_{turn}"), name: BuiltinTool::AskUser.name().to_owned(), args };
-            let _ = myself.cast(SessionMsg::StepCall { turn, call });
+            let _ = myself.cast(SessionMsg::RuntimeReply { turn, content: String::new(), calls: vec![call] });
         } else if Self::thinks_first(live, turn) {
             self.think(myself, live, turn, None);
         } else {
@@ -132,16 +132,20 @@ impl Session {
                         steps::STEP_ATTEMPTS
                     );
                     live.outbox.emit(EventKind::ReasoningStep { turn, summary });
-                    myself.send_after(pause, move || SessionMsg::StepCall { turn, call });
+                    myself.send_after(pause, move || SessionMsg::RuntimeReply {
+                        turn,
+                        content: String::new(),
+                        calls: vec![call],
+                    });
                 } else {
-                    let _ = myself.cast(SessionMsg::StepCall { turn, call });
+                    let _ = myself.cast(SessionMsg::RuntimeReply { turn, content: String::new(), calls: vec![call] });
                 }
                 return;
             }
             Some(NextStep::Finish { answer }) => {
                 // The runtime gives this turn's answer; it is reviewed like the model's.
                 live.phase = Phase::Model { turn, synthesis };
-                let _ = myself.cast(SessionMsg::StepAnswer { turn, answer });
+                let _ = myself.cast(SessionMsg::RuntimeReply { turn, content: answer, calls: Vec::new() });
                 return;
             }
             Some(NextStep::Model { tool, .. }) => Some(ToolChoice::Tool(tool)),
@@ -260,34 +264,20 @@ impl Session {
         self.on_reply(myself, live, turn, reply.content, calls, synthesis).await
     }
 
-    /// The call of an agent step the runtime makes (see [`steps`]), in place of
-    /// the model's reply.
-    pub(super) async fn on_step_call(
+    /// A reply the runtime gives in place of the model's: an agent step's call or
+    /// answer (see [`steps`]), or the question of a `clarify_query` review.
+    pub(super) async fn on_runtime_reply(
         &self,
         myself: &ActorRef<SessionMsg>,
         live: &mut Live,
         turn: u32,
-        call: ToolCall,
+        content: String,
+        calls: Vec<ToolCall>,
     ) -> Result<(), ActorProcessingErr> {
         if !matches!(live.phase, Phase::Model { turn: current, .. } if current == turn) {
             return Ok(());
         }
-        self.on_reply(myself, live, turn, String::new(), vec![call], false).await
-    }
-
-    /// The answer of an agent step that finishes the run (see [`steps`]), in place
-    /// of the model's reply.
-    pub(super) async fn on_step_answer(
-        &self,
-        myself: &ActorRef<SessionMsg>,
-        live: &mut Live,
-        turn: u32,
-        answer: String,
-    ) -> Result<(), ActorProcessingErr> {
-        if !matches!(live.phase, Phase::Model { turn: current, .. } if current == turn) {
-            return Ok(());
-        }
-        self.on_reply(myself, live, turn, answer, Vec::new(), false).await
+        self.on_reply(myself, live, turn, content, calls, false).await
     }
 
     /// A turn's reply: an answer goes to review; calls go to the tools.
