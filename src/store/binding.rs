@@ -27,11 +27,6 @@ impl<A: Arguments> Binder<'_, A> {
     }
 }
 
-/// Empty arguments of the backend of `_tx`.
-pub(super) fn arguments_for<DB: sqlx::Database>(_tx: &sqlx::Transaction<'_, DB>) -> DB::Arguments {
-    Default::default()
-}
-
 /// `head VALUES (…), (…)tail` with `rows` rows of `columns` placeholders: `?` on
 /// SQLite, `$1`, `$2`… on PostgreSQL.
 pub(super) fn values_sql(head: &str, tail: &str, columns: usize, rows: usize, postgres: bool) -> String {

@@ -12,7 +12,7 @@ const READ_COLUMNS: &str = "run_key, run_id, tenant, status, reason, turn, usage
 
 /// The stored runs among `ids`, on SQLite: `IN` over the unique index on `run_id`.
 pub(super) async fn read_sqlite(
-    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    connection: &mut sqlx::SqliteConnection,
     ids: &[&Text],
 ) -> Result<Vec<sqlx::sqlite::SqliteRow>, StoreError> {
     let mut select = sqlx::QueryBuilder::new(format!("SELECT {READ_COLUMNS} FROM runs_now WHERE run_id IN ("));
@@ -21,7 +21,7 @@ pub(super) async fn read_sqlite(
         list.push_bind(Text::clone(id));
     }
     select.push(")");
-    select.build().fetch_all(&mut **tx).await.map_err(backend)
+    select.build().fetch_all(connection).await.map_err(backend)
 }
 
 /// The stored runs among `ids`, on PostgreSQL: one index lookup per id. With

@@ -20,7 +20,7 @@ use tokio::sync::{mpsc, oneshot};
 use troupe_actors::protocol::RunId;
 use troupe_actors::store::StoreError;
 
-use crate::store::binding::{Binder, arguments_for, chunk_len, values_sql};
+use crate::store::binding::{Binder, chunk_len, values_sql};
 use crate::store::encode::stamp;
 use crate::store::group::{EventRow, Fixed, GroupWrite, Job, Progress, RunState, Slot, plan};
 use crate::store::read::{read_postgres, read_sqlite, state_from_row};
@@ -155,6 +155,58 @@ async fn refused(pool: &Pool, job: &Job, error: StoreError) -> StoreError {
     }
 }
 
+/// Where PostgreSQL's statements go: each is run in the transaction as it is
+/// made, with the arguments bound so far.
+struct PgStatements<'a, 'c> {
+    tx: &'a mut sqlx::Transaction<'c, sqlx::Postgres>,
+    arguments: sqlx::postgres::PgArguments,
+}
+
+impl PgStatements<'_, '_> {
+    async fn statement(&mut self, sql: String) -> Result<(), StoreError> {
+        let arguments = std::mem::take(&mut self.arguments);
+        sqlx::query_with(sqlx::AssertSqlSafe(sql), arguments).execute(&mut **self.tx).await.map_err(backend)?;
+        Ok(())
+    }
+}
+
+/// Where SQLite's statements go: one script, `BEGIN IMMEDIATE` to `COMMIT`, run
+/// in ONE round trip to the connection's thread (its `?` placeholders take the
+/// arguments in order across statements). A statement per round trip cost two
+/// thread wake-ups each, most of what a commit cost a run with one client.
+struct SqliteScript {
+    sql: String,
+    arguments: sqlx::sqlite::SqliteArguments,
+}
+
+impl SqliteScript {
+    fn new() -> Self {
+        Self { sql: String::from("BEGIN IMMEDIATE;\n"), arguments: Default::default() }
+    }
+
+    async fn statement(&mut self, sql: String) -> Result<(), StoreError> {
+        self.sql.push_str(&sql);
+        self.sql.push_str(";\n");
+        Ok(())
+    }
+
+    /// Runs the script on `connection`; if any statement fails, what it began is
+    /// rolled back (and a connection that cannot roll back is not used again).
+    async fn commit(mut self, connection: &mut sqlx::pool::PoolConnection<sqlx::Sqlite>) -> Result<(), StoreError> {
+        self.sql.push_str("COMMIT;");
+        let written = sqlx::query_with(sqlx::AssertSqlSafe(self.sql), self.arguments).execute(&mut **connection).await;
+        if let Err(error) = written {
+            if sqlx::query("ROLLBACK").execute(&mut **connection).await.is_err()
+                && sqlx::query("SELECT 1").execute(&mut **connection).await.is_err()
+            {
+                connection.close_on_drop();
+            }
+            return Err(backend(error));
+        }
+        Ok(())
+    }
+}
+
 /// Binds the rows of one table as multi-row `INSERT … VALUES (…), (…)` statements.
 /// Only placeholders are added to the SQL text ([`values_sql`]); every value is a
 /// bound parameter. Rows go in chunks of a power of two (at most [`MAX_ROWS`]),
@@ -169,17 +221,17 @@ macro_rules! insert_rows {
         while !rest.is_empty() {
             let (chunk, tail) = rest.split_at(chunk_len(rest, $size, $limit));
             rest = tail;
-            let mut arguments = arguments_for(&$tx);
-            let mut $builder = Binder { arguments: &mut arguments, error: None };
+            let bound = $tx.arguments.len();
+            let mut $builder = Binder { arguments: &mut $tx.arguments, error: None };
             for $row in chunk {
                 $bind;
             }
             if let Some(error) = $builder.error {
                 return Err(StoreError::Backend(format!("cannot bind a value: {error}")));
             }
-            let columns = arguments.len() / chunk.len();
+            let columns = ($tx.arguments.len() - bound) / chunk.len();
             let sql = values_sql($head, $tail, columns, chunk.len(), $postgres);
-            sqlx::query_with(sqlx::AssertSqlSafe(sql), arguments).execute(&mut *$tx).await.map_err(backend)?;
+            $tx.statement(sql).await?;
         }
     }};
 }
@@ -432,11 +484,40 @@ async fn write_group(
     ids.sort_unstable();
     ids.dedup();
     let now: Text = stamp(Utc::now()).into();
-    macro_rules! group {
-        ($pool:ident, $postgres:expr, $read:ident) => {{
-            let mut tx = if $postgres { $pool.begin().await } else { $pool.begin_with("BEGIN IMMEDIATE").await }
-                .map_err(backend)?;
-            let limit = if $postgres { PG_STATEMENT_BYTES } else { usize::MAX };
+    match pool {
+        Pool::Sqlite(pool) => {
+            let mut connection = pool.acquire().await.map_err(backend)?;
+            // The reads come before the transaction: nothing else writes a run
+            // while the store is open (retention deletes only ended runs, which
+            // refuse every job anyway).
+            let mut next_key = match memory.next_key {
+                Some(key) => key,
+                None => {
+                    let largest: Option<i64> = sqlx::query_scalar("SELECT MAX(run_key) FROM runs")
+                        .fetch_one(&mut *connection)
+                        .await
+                        .map_err(backend)?;
+                    largest.unwrap_or(0) + 1
+                }
+            };
+            let mut rest = &ids[..];
+            while !rest.is_empty() {
+                let (chunk, tail) = rest.split_at(chunk_len(rest, |id| id.len(), usize::MAX));
+                rest = tail;
+                for row in read_sqlite(&mut connection, chunk).await? {
+                    read_into(&mut runs, &row)?;
+                }
+            }
+            let (rows, outcomes) = plan(jobs, runs, &now, &mut next_key);
+            let mut script = SqliteScript::new();
+            write_rows!(script, usize::MAX, false, &rows);
+            script.commit(&mut connection).await?;
+            memory.next_key = Some(next_key);
+            remember(&mut memory.known, rows);
+            Ok(outcomes)
+        }
+        Pool::Postgres(pool) => {
+            let mut tx = pool.begin().await.map_err(backend)?;
             let mut next_key = match memory.next_key {
                 Some(key) => key,
                 None => {
@@ -449,29 +530,32 @@ async fn write_group(
             };
             let mut rest = &ids[..];
             while !rest.is_empty() {
-                let (chunk, tail) = rest.split_at(chunk_len(rest, |id| id.len(), limit));
+                let (chunk, tail) = rest.split_at(chunk_len(rest, |id| id.len(), PG_STATEMENT_BYTES));
                 rest = tail;
-                for row in $read(&mut tx, chunk).await? {
-                    let slot = Slot::read(state_from_row(&row)?);
-                    let run_id = row
-                        .text("run_id")?
-                        .parse::<RunId>()
-                        .map_err(|error| StoreError::Backend(format!("a stored run id is not a UUID: {error}")))?;
-                    runs.insert(run_id, slot);
+                for row in read_postgres(&mut tx, chunk).await? {
+                    read_into(&mut runs, &row)?;
                 }
             }
             let (rows, outcomes) = plan(jobs, runs, &now, &mut next_key);
-            write_rows!(tx, limit, $postgres, &rows);
+            let mut statements = PgStatements { tx: &mut tx, arguments: Default::default() };
+            write_rows!(statements, PG_STATEMENT_BYTES, true, &rows);
             tx.commit().await.map_err(backend)?;
             memory.next_key = Some(next_key);
             remember(&mut memory.known, rows);
             Ok(outcomes)
-        }};
+        }
     }
-    match pool {
-        Pool::Sqlite(pool) => group!(pool, false, read_sqlite),
-        Pool::Postgres(pool) => group!(pool, true, read_postgres),
-    }
+}
+
+/// Adds a run read from the database to the group's runs.
+fn read_into(runs: &mut Map<RunId, Slot>, row: &impl Columns) -> Result<(), StoreError> {
+    let slot = Slot::read(state_from_row(row)?);
+    let run_id = row
+        .text("run_id")?
+        .parse::<RunId>()
+        .map_err(|error| StoreError::Backend(format!("a stored run id is not a UUID: {error}")))?;
+    runs.insert(run_id, slot);
+    Ok(())
 }
 
 /// Keeps the committed state of every run a group wrote, and forgets the runs
