@@ -133,9 +133,12 @@ impl Cursor {
                 return Ok(None);
             }
             if self.stale {
-                // Keep reading until a batch comes back empty.
-                self.stale = self.refill().await?;
-                if self.stale {
+                // A batch short of full holds every event committed before it was
+                // read; later ones are published to the receiver, which was there
+                // before the read. A full batch may have more behind it.
+                let (found, full) = self.refill().await?;
+                self.stale = full;
+                if found {
                     continue;
                 }
                 if self.run_has_ended().await? {
@@ -143,8 +146,9 @@ impl Cursor {
                     // reconnect). It may have ended after the read above: its status
                     // and `run_end` commit together, so one more read finds every
                     // event up to `run_end`, which finishes the stream.
-                    self.stale = self.refill().await?;
-                    if !self.stale {
+                    let (found, full) = self.refill().await?;
+                    self.stale = full;
+                    if !found {
                         self.finish();
                         return Ok(None);
                     }
@@ -169,14 +173,16 @@ impl Cursor {
         }
     }
 
-    /// Loads the next batch from the store; false when there was nothing new.
-    async fn refill(&mut self) -> Result<bool, StoreError> {
+    /// Loads the next batch from the store: whether it held anything new, and
+    /// whether it was full (the store may hold more).
+    async fn refill(&mut self) -> Result<(bool, bool), StoreError> {
         let batch = self.store.events_after(self.run_id, self.last, REPLAY_BATCH).await?;
         // Only events past the cursor count: a store that answered with older ones
         // must not make the cursor read again and again.
         let found = batch.iter().any(|event| event.seq > self.last);
+        let full = found && batch.len() >= REPLAY_BATCH;
         self.backlog.extend(batch.into_iter().map(Arc::new));
-        Ok(found)
+        Ok((found, full))
     }
 
     /// Whether the store has the run ended (or has no such run). A run's status and
@@ -213,11 +219,27 @@ mod tests {
     use crate::protocol::{Limits, RunStatus};
     use crate::store::{Commit, MemoryStore, RunQuery, RunRecord, RunSnapshot, StoreWrite};
 
-    /// A memory store whose run ends exactly when a subscriber first asks for
-    /// its status, after that subscriber's last event read.
+    /// A memory store whose run ends, as its session would end it (the commit,
+    /// then its events published and the channel closed), at a chosen moment: right
+    /// after a subscriber's first read of events, or when it first asks for the
+    /// run's status.
     struct EndsWhenAsked {
         inner: MemoryStore,
+        hub: Arc<EventHub>,
         end: Mutex<Option<Commit>>,
+        after_first_read: bool,
+    }
+
+    impl EndsWhenAsked {
+        async fn end_now(&self) -> Result<(), StoreError> {
+            let end = self.end.lock().unwrap().take();
+            if let Some(end) = end {
+                self.inner.commit(&end).await?;
+                self.hub.publish(end.run_id, end.events);
+                self.hub.close(end.run_id);
+            }
+            Ok(())
+        }
     }
 
     #[async_trait]
@@ -229,17 +251,18 @@ mod tests {
             self.inner.commit(commit).await
         }
         async fn get_run(&self, run_id: RunId) -> Result<Option<RunRecord>, StoreError> {
-            let end = self.end.lock().unwrap().take();
-            if let Some(end) = end {
-                self.inner.commit(&end).await?;
-            }
+            self.end_now().await?;
             self.inner.get_run(run_id).await
         }
         async fn load(&self, run_id: RunId) -> Result<Option<RunSnapshot>, StoreError> {
             self.inner.load(run_id).await
         }
         async fn events_after(&self, run_id: RunId, after: u64, limit: usize) -> Result<Vec<RunEvent>, StoreError> {
-            self.inner.events_after(run_id, after, limit).await
+            let events = self.inner.events_after(run_id, after, limit).await;
+            if self.after_first_read {
+                self.end_now().await?;
+            }
+            events
         }
         async fn list_runs(&self, query: RunQuery) -> Result<Vec<RunRecord>, StoreError> {
             self.inner.list_runs(query).await
@@ -256,8 +279,9 @@ mod tests {
         RunEvent { run_id, seq, ts: Utc::now(), parent_run_id: None, kind }
     }
 
-    #[tokio::test]
-    async fn a_run_that_ends_between_two_reads_is_streamed_to_its_end() {
+    /// The events of a run that ends at the moment `after_first_read` says, for
+    /// a subscriber from `after`.
+    async fn streamed(after_first_read: bool, after: u64) -> Vec<u64> {
         let run_id = RunId::new();
         let record = RunRecord::accepted(run_id, "t".into(), "a".into(), "hi".into(), Limits::default(), Utc::now());
         let first = event(run_id, 1, EventKind::TurnStart { turn: 1 });
@@ -269,11 +293,38 @@ mod tests {
                 event(run_id, 3, EventKind::RunEnd { status: RunStatus::Succeeded, reason: None }),
             ],
         };
-        let store = EndsWhenAsked { inner: MemoryStore::new(), end: Mutex::new(Some(end)) };
-        store.create_run(record, vec![first]).await.unwrap();
         let hub = Arc::new(EventHub::new(16));
-        let events: Vec<u64> =
-            subscribe(hub, Arc::new(store), run_id, 0).map(|event| event.unwrap().seq).collect().await;
-        assert_eq!(events, vec![1, 2, 3], "the events committed with the end are not lost");
+        let store =
+            EndsWhenAsked { inner: MemoryStore::new(), hub: hub.clone(), end: Mutex::new(Some(end)), after_first_read };
+        store.create_run(record, vec![first]).await.unwrap();
+        let events = subscribe(hub, Arc::new(store), run_id, after).map(|event| event.unwrap().seq).collect();
+        tokio::time::timeout(std::time::Duration::from_secs(10), events).await.expect("the stream ends")
+    }
+
+    #[tokio::test]
+    async fn a_run_that_ends_right_after_the_replay_is_streamed_to_its_end() {
+        assert_eq!(streamed(true, 0).await, vec![1, 2, 3], "the events committed with the end are not lost");
+    }
+
+    #[tokio::test]
+    async fn a_run_that_ends_when_a_caught_up_subscriber_asks_is_streamed_to_its_end() {
+        assert_eq!(streamed(false, 1).await, vec![2, 3], "the events committed with the end are not lost");
+    }
+
+    #[tokio::test]
+    async fn a_reconnect_after_the_end_gets_nothing_and_ends() {
+        let run_id = RunId::new();
+        let record = RunRecord::accepted(run_id, "t".into(), "a".into(), "hi".into(), Limits::default(), Utc::now());
+        let store = MemoryStore::new();
+        store.create_run(record, vec![event(run_id, 1, EventKind::TurnStart { turn: 1 })]).await.unwrap();
+        let end = Commit {
+            run_id,
+            writes: vec![StoreWrite::Status { status: RunStatus::Succeeded, reason: None }],
+            events: vec![event(run_id, 2, EventKind::RunEnd { status: RunStatus::Succeeded, reason: None })],
+        };
+        store.commit(&end).await.unwrap();
+        let events = subscribe(Arc::new(EventHub::new(16)), Arc::new(store), run_id, 2).collect::<Vec<_>>();
+        let events = tokio::time::timeout(std::time::Duration::from_secs(10), events).await.expect("the stream ends");
+        assert!(events.is_empty());
     }
 }

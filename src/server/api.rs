@@ -237,11 +237,10 @@ async fn create_run(
     // The submission runs to its end even if the client goes away or the request
     // times out: a run half-accepted would be stored but never started.
     let runtime = state.inner.runtime.clone();
-    let submitted = tokio::spawn(async move { runtime.submit(request).await });
-    let run_id = submitted
+    let submitted = tokio::spawn(async move { runtime.submit_record(request).await });
+    let run = submitted
         .await
         .map_err(|_| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "the submission failed"))??;
-    let run = state.inner.runtime.get(run_id).await?.ok_or_else(ApiError::run_not_found)?;
     Ok((StatusCode::CREATED, Json(RunView::from(run))).into_response())
 }
 

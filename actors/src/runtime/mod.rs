@@ -142,6 +142,12 @@ impl Runtime {
     /// Accepts a run: admission, the run and its `run_started` event committed,
     /// then its session started. Returns once the run is durable.
     pub async fn submit(&self, request: SubmitRequest) -> Result<RunId, SubmitError> {
+        Ok(self.submit_record(request).await?.run_id)
+    }
+
+    /// [`Runtime::submit`], returning the run's record as it was created (status
+    /// `running` or `queued`) without reading it back from the store.
+    pub async fn submit_record(&self, request: SubmitRequest) -> Result<RunRecord, SubmitError> {
         let SubmitRequest { spec, tenant, parent_run_id } = request;
         let Some(agent) = self.shared.agents.get(&spec.agent) else {
             metrics::admission_rejected("unknown_agent");
@@ -181,6 +187,7 @@ impl Runtime {
             events.push(RunEvent { run_id, seq: 2, ts: now, parent_run_id, kind });
         }
         let created = permit.as_ref().map(|_| Box::new(RunSnapshot::created(record.clone(), events.len() as u64)));
+        let created_record = record.clone();
         self.shared.store.create_run(record, events).await?;
         metrics::run_started(&spec.agent);
         let Some(permit) = permit else {
@@ -190,7 +197,7 @@ impl Runtime {
             let _ = self.queue.push(run_id, &tenant, true);
             metrics::runs_queued(self.queue.len());
             self.admission.freed().notify_one();
-            return Ok(run_id);
+            return Ok(created_record);
         };
         if let Err(error) = start_session(&self.supervisor, run_id, Some(permit), created).await {
             // The run is durable; record that it could not start rather than lose it.
@@ -198,7 +205,7 @@ impl Runtime {
                 .await;
             return Err(error);
         }
-        Ok(run_id)
+        Ok(created_record)
     }
 
     /// A slot for a run of `tenant` submitted now, or `None` if it is to wait in
