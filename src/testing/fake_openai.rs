@@ -119,7 +119,10 @@ impl FakeOpenAi {
         let addr = listener.local_addr()?;
         let state =
             Arc::new(FakeState { script: Mutex::new(script.into()), fallback, requests: Mutex::new(Vec::new()) });
-        let app = Router::new().route("/v1/chat/completions", post(answer)).with_state(state.clone());
+        let app = Router::new()
+            .route("/v1/chat/completions", post(answer))
+            .route("/stats", axum::routing::get(stats))
+            .with_state(state.clone());
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
@@ -196,6 +199,13 @@ async fn answer(State(state): State<Arc<FakeState>>, headers: HeaderMap, body: B
         FakeReply::Raw { status, content_type, body } => plain(status, &content_type, body),
         FakeReply::PerTurn { .. } => plain(500, "text/plain", String::new()),
     }
+}
+
+/// `GET /stats`: `{"requests": N}`, the requests received so far (for a
+/// benchmark in another process, to know when its runs reached the model).
+async fn stats(State(state): State<Arc<FakeState>>) -> Response {
+    let requests = state.requests.lock().map_or(0, |requests| requests.len());
+    plain(200, "application/json", json!({ "requests": requests }).to_string())
 }
 
 /// How many assistant messages the request body holds.
