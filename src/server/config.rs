@@ -48,7 +48,7 @@ impl Default for ServerConfig {
             shutdown_timeout: 10.0,
             sse_keep_alive: 15.0,
             max_sse_clients: 1024,
-            max_sse_clients_per_tenant: 16,
+            max_sse_clients_per_tenant: 256,
             retry_after: 5,
             metrics_token_sha256: None,
         }

@@ -397,25 +397,24 @@ impl RunStore for SqlStore {
     async fn events_after(&self, run_id: RunId, after: u64, limit: usize) -> Result<Vec<RunEvent>, StoreError> {
         let id = run_id.to_string();
         with_pool!(self, |pool, _postgres| {
-            let key: Option<i64> = sqlx::query_scalar("SELECT run_key FROM runs WHERE run_id = $1")
-                .bind(&id)
-                .fetch_optional(pool)
-                .await
-                .map_err(backend)?;
-            let Some(key) = key else {
-                return Err(StoreError::NotFound(run_id));
-            };
-            // A row holds the events of one commit (at least one): `limit` rows from
-            // the one holding `after + 1` hold at least `limit` events after it.
-            let bodies: Vec<String> = sqlx::query_scalar(
-                "SELECT body FROM run_events WHERE run_key = $1 AND last_seq > $2 ORDER BY last_seq LIMIT $3",
+            // One query: a run with nothing after `after` gives one row with no
+            // body, an unknown run none. A row of `run_events` holds the events of
+            // one commit (at least one): `limit` rows from the one holding
+            // `after + 1` hold at least `limit` events after it.
+            let rows: Vec<Option<String>> = sqlx::query_scalar(
+                "SELECT run_events.body FROM runs LEFT JOIN run_events ON run_events.run_key = runs.run_key \
+                 AND run_events.last_seq > $2 WHERE runs.run_id = $1 ORDER BY run_events.last_seq LIMIT $3",
             )
-            .bind(key)
+            .bind(&id)
             .bind(after as i64)
-            .bind(limit.min(i64::MAX as usize) as i64)
+            .bind(limit.clamp(1, i64::MAX as usize) as i64)
             .fetch_all(pool)
             .await
             .map_err(backend)?;
+            if rows.is_empty() {
+                return Err(StoreError::NotFound(run_id));
+            }
+            let bodies = rows.into_iter().flatten();
             let mut events = Vec::new();
             for body in bodies {
                 events.extend(read_batch(&body, run_id)?.into_iter().filter(|event| event.seq > after));
