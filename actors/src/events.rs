@@ -273,6 +273,9 @@ mod tests {
         async fn delete_finished(&self, before: DateTime<Utc>, limit: usize) -> Result<usize, StoreError> {
             self.inner.delete_finished(before, limit).await
         }
+        async fn delete_ended(&self, run_id: RunId) -> Result<bool, StoreError> {
+            self.inner.delete_ended(run_id).await
+        }
     }
 
     fn event(run_id: RunId, seq: u64, kind: EventKind) -> RunEvent {

@@ -230,6 +230,11 @@ pub trait RunStore: Send + Sync + 'static {
     /// Deletes up to `limit` runs that ended before `before`, with everything they
     /// own; returns how many. Retention calls it in batches.
     async fn delete_finished(&self, before: DateTime<Utc>, limit: usize) -> Result<usize, StoreError>;
+
+    /// Deletes one run that has ended, with everything it owns (events, messages,
+    /// tool calls, plans, reviews, documents): `Ok(true)`; `Ok(false)` if it has
+    /// not ended (nothing is deleted); `NotFound` if there is no such run.
+    async fn delete_ended(&self, run_id: RunId) -> Result<bool, StoreError>;
 }
 
 /// Checks that `events` continue after `last_seq` with no gap.
@@ -385,6 +390,14 @@ impl RunStore for MemoryStore {
             self.runs.remove(run_id);
         }
         Ok(doomed.len())
+    }
+
+    async fn delete_ended(&self, run_id: RunId) -> Result<bool, StoreError> {
+        match self.runs.remove_if(&run_id, |_, run| run.snapshot.run.status.is_terminal()) {
+            Some(_) => Ok(true),
+            None if self.runs.contains_key(&run_id) => Ok(false),
+            None => Err(StoreError::NotFound(run_id)),
+        }
     }
 }
 

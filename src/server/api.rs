@@ -31,7 +31,7 @@ const MAX_LIST: usize = 500;
 #[derive(OpenApi)]
 #[openapi(
     info(title = "troupe", description = "An actor-based multi-agent runtime: submit runs, follow their events, answer and cancel them."),
-    paths(create_run, list_runs, get_run, sse::run_events, run_input, cancel_run, list_agents, list_tools, healthz, readyz),
+    paths(create_run, list_runs, get_run, delete_run, sse::run_events, run_input, cancel_run, list_agents, list_tools, healthz, readyz),
     components(schemas(ErrorBody, CreateRun, LimitsBody, RunView, UsageView, RunList, InputBody, AgentView, ToolView)),
     modifiers(&BearerAuth),
     tags((name = "runs", description = "Runs and their events"), (name = "catalog", description = "Agents and tools"),
@@ -59,7 +59,7 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 pub(super) fn router(state: AppState) -> Router {
     let protected = Router::new()
         .route("/v1/runs", post(create_run).get(list_runs))
-        .route("/v1/runs/{id}", get(get_run))
+        .route("/v1/runs/{id}", get(get_run).delete(delete_run))
         .route("/v1/runs/{id}/events", get(sse::run_events))
         .route("/v1/runs/{id}/input", post(run_input))
         .route("/v1/runs/{id}/cancel", post(cancel_run))
@@ -379,6 +379,35 @@ async fn run_input(
     state.inner.runtime.input(run.run_id, body.into_input()?).await?;
     let run = state.inner.runtime.get(run.run_id).await?.ok_or_else(ApiError::run_not_found)?;
     Ok((StatusCode::ACCEPTED, Json(RunView::from(run))).into_response())
+}
+
+/// Deletes a run that has ended, with its events, messages, tool calls, plans,
+/// reviews and documents (its sub-runs are runs of their own, kept).
+#[utoipa::path(delete, path = "/v1/runs/{id}", tag = "runs", params(("id" = String, Path, description = "The run id.")),
+    responses(
+        (status = 204, description = "Deleted."),
+        (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody, description = "The run has not ended (`not_ended`): cancel it first."),
+    ),
+    security(("bearer" = [])))]
+async fn delete_run(
+    State(state): State<AppState>,
+    Extension(Tenant(tenant)): Extension<Tenant>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<StatusCode, ApiError> {
+    let Path(id) = path?;
+    let run = owned_run(&state, &tenant, &id).await?;
+    match state.inner.runtime.delete(run.run_id).await {
+        Ok(true) => Ok(StatusCode::NO_CONTENT),
+        Ok(false) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "not_ended",
+            "the run has not ended; cancel it first, then delete it",
+        )),
+        // Deleted by another request in between.
+        Err(troupe_actors::store::StoreError::NotFound(_)) => Err(ApiError::run_not_found()),
+        Err(error) => Err(error.into()),
+    }
 }
 
 /// Cancels a run; answers once its end is stored.

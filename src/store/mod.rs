@@ -467,6 +467,32 @@ impl RunStore for SqlStore {
             Ok(deleted.rows_affected() as usize)
         })
     }
+
+    async fn delete_ended(&self, run_id: RunId) -> Result<bool, StoreError> {
+        let id = run_id.to_string();
+        with_pool!(self, |pool, _postgres| {
+            // Its children go with it (ON DELETE CASCADE). Only an ended run: the
+            // writer never writes to one again, so nothing it holds goes stale.
+            let deleted =
+                sqlx::query("DELETE FROM runs WHERE run_id = $1 AND status IN ('succeeded', 'failed', 'cancelled')")
+                    .bind(&id)
+                    .execute(pool)
+                    .await
+                    .map_err(backend)?;
+            if deleted.rows_affected() > 0 {
+                return Ok(true);
+            }
+            let stored: Option<i64> = sqlx::query_scalar("SELECT run_key FROM runs WHERE run_id = $1")
+                .bind(&id)
+                .fetch_optional(pool)
+                .await
+                .map_err(backend)?;
+            match stored {
+                Some(_) => Ok(false),
+                None => Err(StoreError::NotFound(run_id)),
+            }
+        })
+    }
 }
 
 #[cfg(test)]

@@ -206,6 +206,51 @@ async fn a_posted_run_streams_every_event_in_order_to_run_end() {
     assert_eq!(run.body["final_output"], "All done.");
 }
 
+/// A run is deleted only once it has ended, and then it is gone: its record, its
+/// events and its place in the listing; the other runs stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_that_ended_can_be_deleted_and_one_still_running_cannot() {
+    let model = ScriptedModel::per_turn(vec![text("All done.")]);
+    let server = start(model, RuntimeConfig::default(), ServerConfig::default()).await;
+    let (get, delete) = (reqwest::Method::GET, reqwest::Method::DELETE);
+    let ended = server.create(ALPHA, "say hi").await;
+    let kept = server.create(ALPHA, "say hi again").await;
+    for id in [&ended, &kept] {
+        let frames = server.events(ALPHA, id, None).await.rest().await;
+        assert_eq!(frames.last().map(|(_, name, _)| name.as_str()), Some("run_end"));
+    }
+
+    let answer = server.send(delete.clone(), &format!("/v1/runs/{ended}"), Some(ALPHA), None).await;
+    assert_eq!(answer.status, StatusCode::NO_CONTENT, "{}", answer.body);
+    let gone = server.send(get.clone(), &format!("/v1/runs/{ended}"), Some(ALPHA), None).await;
+    assert_eq!((gone.status, gone.code()), (StatusCode::NOT_FOUND, "not_found"));
+    let events = server.http.get(server.url(&format!("/v1/runs/{ended}/events"))).bearer_auth(ALPHA).send().await;
+    assert_eq!(events.unwrap().status(), StatusCode::NOT_FOUND, "its events went with it");
+    let again = server.send(delete.clone(), &format!("/v1/runs/{ended}"), Some(ALPHA), None).await;
+    assert_eq!(again.status, StatusCode::NOT_FOUND, "a second delete finds nothing");
+    let listing = server.send(get.clone(), "/v1/runs", Some(ALPHA), None).await;
+    let listed: Vec<&str> =
+        listing.body["runs"].as_array().unwrap().iter().map(|run| run["run_id"].as_str().unwrap()).collect();
+    assert_eq!(listed, vec![kept.as_str()], "the other run is kept");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_run_cannot_be_deleted_until_it_has_ended() {
+    let model = ScriptedModel::per_turn(vec![Step::Hang]);
+    let server = start(model, RuntimeConfig::default(), ServerConfig::default()).await;
+    let id = server.create(ALPHA, "long work").await;
+    let path = format!("/v1/runs/{id}");
+    let refused = server.send(reqwest::Method::DELETE, &path, Some(ALPHA), None).await;
+    assert_eq!((refused.status, refused.code()), (StatusCode::CONFLICT, "not_ended"), "{}", refused.body);
+    let run = server.send(reqwest::Method::GET, &path, Some(ALPHA), None).await;
+    assert_eq!(run.body["status"], "running", "nothing was deleted");
+
+    let cancelled = server.send(reqwest::Method::POST, &format!("{path}/cancel"), Some(ALPHA), None).await;
+    assert_eq!(cancelled.status, StatusCode::OK);
+    let deleted = server.send(reqwest::Method::DELETE, &path, Some(ALPHA), None).await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT, "once cancelled it can go: {}", deleted.body);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reconnect_with_last_event_id_gets_exactly_the_missing_events() {
     // The run parks on a question; the first connection drops there, the second
@@ -281,6 +326,7 @@ async fn another_tenant_gets_404_on_every_route_and_changes_nothing() {
         (get.clone(), format!("/v1/runs/{id}/events"), None),
         (post.clone(), format!("/v1/runs/{id}/input"), Some(json!({"text": "hijack"}))),
         (post.clone(), format!("/v1/runs/{id}/cancel"), None),
+        (reqwest::Method::DELETE, format!("/v1/runs/{id}"), None),
     ];
     for (method, path, body) in &routes {
         let answer = server.send(method.clone(), path, Some(BETA), body.clone()).await;

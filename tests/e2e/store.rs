@@ -215,6 +215,27 @@ async fn contract(store: Arc<dyn RunStore>) {
     assert!(store.get_run(other).await.unwrap().is_some(), "an unfinished run is kept");
     progress_is_read_back(store.as_ref(), other).await;
 
+    // One run deleted: refused while it runs, then gone with everything it owns.
+    let doomed = RunId::new();
+    store.create_run(record(doomed, "acme"), vec![event(doomed, 1, EventKind::TurnStart { turn: 1 })]).await.unwrap();
+    assert_eq!(store.delete_ended(doomed).await, Ok(false), "a running run is not deleted");
+    assert!(store.get_run(doomed).await.unwrap().is_some());
+    let said = troupe_actors::llm::Message::text(troupe_actors::llm::Role::Assistant, "bye");
+    let end = Commit {
+        run_id: doomed,
+        writes: vec![
+            StoreWrite::Message(StoredMessage { turn: 1, message: said }),
+            StoreWrite::Status { status: RunStatus::Failed, reason: Some("gave up".into()) },
+        ],
+        events: vec![event(doomed, 2, EventKind::RunEnd { status: RunStatus::Failed, reason: Some("gave up".into()) })],
+    };
+    store.commit(&end).await.unwrap();
+    assert_eq!(store.delete_ended(doomed).await, Ok(true));
+    assert_eq!(store.get_run(doomed).await.unwrap(), None);
+    assert!(store.load(doomed).await.unwrap().is_none(), "its messages and events went with it");
+    assert_eq!(store.events_after(doomed, 0, 10).await, Err(StoreError::NotFound(doomed)));
+    assert_eq!(store.delete_ended(doomed).await, Err(StoreError::NotFound(doomed)));
+
     // Creations submitted together (one write group on the SQL stores, which do not
     // read the runs they create): a stored run is refused, the new ones are created.
     let stored = RunId::new();
@@ -446,6 +467,17 @@ async fn child_rows(path: &std::path::Path, key: i64) -> Vec<(&'static str, i64)
 /// every child table with it.
 #[tokio::test]
 async fn retention_leaves_no_row_of_a_deleted_run_on_sqlite() {
+    deleted_run_leaves_no_row(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_deleted_by_id_leaves_no_row_on_sqlite() {
+    deleted_run_leaves_no_row(true).await;
+}
+
+/// A run that wrote a row to every child table, deleted by retention or by its
+/// id (`by_id`), leaves none behind.
+async fn deleted_run_leaves_no_row(by_id: bool) {
     let (store, dir) = sqlite().await;
     let store = Arc::new(store);
     let ledger = LedgerTool::default();
@@ -463,7 +495,11 @@ async fn retention_leaves_no_row_of_a_deleted_run_on_sqlite() {
     for (table, count) in child_rows(&path, key).await {
         assert!(count > 0, "the run wrote no row to {table}");
     }
-    assert_eq!(store.delete_finished(Utc::now() + chrono::Duration::seconds(5), 10).await.unwrap(), 1);
+    if by_id {
+        assert_eq!(store.delete_ended(run_id).await, Ok(true));
+    } else {
+        assert_eq!(store.delete_finished(Utc::now() + chrono::Duration::seconds(5), 10).await.unwrap(), 1);
+    }
     for (table, count) in child_rows(&path, key).await {
         assert_eq!(count, 0, "{table} keeps rows of a deleted run");
     }

@@ -243,6 +243,12 @@ impl Runtime {
         events::subscribe(self.shared.hub.clone(), self.shared.store.clone(), run_id, after)
     }
 
+    /// Deletes a run that has ended, with its events, messages, tool calls, plans,
+    /// reviews and documents: `Ok(true)`; `Ok(false)` if it has not ended.
+    pub async fn delete(&self, run_id: RunId) -> Result<bool, StoreError> {
+        self.shared.store.delete_ended(run_id).await
+    }
+
     /// Waits until the run ends and returns its final record.
     pub async fn wait(&self, run_id: RunId) -> Result<RunRecord, StoreError> {
         let mut events = self.subscribe(run_id, 0);

@@ -73,4 +73,7 @@ impl RunStore for FaultyStore {
     async fn delete_finished(&self, before: chrono::DateTime<chrono::Utc>, limit: usize) -> Result<usize, StoreError> {
         self.inner.delete_finished(before, limit).await
     }
+    async fn delete_ended(&self, run_id: crate::protocol::RunId) -> Result<bool, StoreError> {
+        self.inner.delete_ended(run_id).await
+    }
 }
