@@ -173,6 +173,8 @@ pub struct RunQuery {
     pub status: Option<RunStatus>,
     /// At most this many, newest first.
     pub limit: usize,
+    /// Only runs older than this one (the last of the previous page).
+    pub after: Option<RunId>,
 }
 
 /// Why a store call failed.
@@ -360,6 +362,7 @@ impl RunStore for MemoryStore {
             .map(|entry| entry.snapshot.run.clone())
             .filter(|run| query.tenant.as_ref().is_none_or(|tenant| &run.tenant == tenant))
             .filter(|run| query.status.is_none_or(|status| run.status == status))
+            .filter(|run| query.after.is_none_or(|after| run.run_id < after))
             .collect();
         records.sort_by_key(|run| std::cmp::Reverse(run.run_id));
         records.truncate(query.limit);

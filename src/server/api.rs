@@ -284,6 +284,9 @@ pub struct ListQuery {
     pub status: Option<RunStatus>,
     /// At most this many (newest first); 50 by default, 500 at most.
     pub limit: Option<usize>,
+    /// The next page: only runs older than this run id (the last run of the
+    /// previous page).
+    pub after: Option<String>,
 }
 
 /// Runs, newest first.
@@ -291,6 +294,9 @@ pub struct ListQuery {
 pub struct RunList {
     /// The runs.
     pub runs: Vec<RunView>,
+    /// Whether older runs follow: ask again with `after` = the last run's id.
+    #[serde(default)]
+    pub has_more: bool,
 }
 
 /// Lists the tenant's runs, newest first.
@@ -304,9 +310,16 @@ async fn list_runs(
 ) -> Result<Json<RunList>, ApiError> {
     let Query(query) = query?;
     let limit = query.limit.unwrap_or(50).clamp(1, MAX_LIST);
-    let runs =
-        state.inner.runtime.store().list_runs(RunQuery { tenant: Some(tenant), status: query.status, limit }).await?;
-    Ok(Json(RunList { runs: runs.into_iter().map(RunView::from).collect() }))
+    let after = match query.after.as_deref() {
+        Some(id) => Some(id.parse().map_err(|_| ApiError::invalid("after must be a run id (from a previous page)"))?),
+        None => None,
+    };
+    // One run more than asked for tells whether another page follows.
+    let wanted = RunQuery { tenant: Some(tenant), status: query.status, limit: limit + 1, after };
+    let mut runs = state.inner.runtime.store().list_runs(wanted).await?;
+    let has_more = runs.len() > limit;
+    runs.truncate(limit);
+    Ok(Json(RunList { runs: runs.into_iter().map(RunView::from).collect(), has_more }))
 }
 
 /// One run.
@@ -501,7 +514,7 @@ async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
         return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "the runtime is not taking runs"));
     }
     // Any read answers whether the store is reachable; this one finds nothing.
-    let probe = RunQuery { tenant: Some(String::new()), status: None, limit: 1 };
+    let probe = RunQuery { tenant: Some(String::new()), status: None, limit: 1, after: None };
     match tokio::time::timeout(Duration::from_secs(5), runtime.store().list_runs(probe)).await {
         Ok(Ok(_)) => Ok(Json(serde_json::json!({"status": "ready"}))),
         Ok(Err(error)) => Err(ApiError::from(error)),

@@ -428,12 +428,14 @@ impl RunStore for SqlStore {
         with_pool!(self, |pool, _postgres| {
             let sql = sqlx::AssertSqlSafe(format!(
                 "SELECT {RUN_COLUMNS} FROM runs_now WHERE ($1 IS NULL OR tenant = $1) AND ($2 IS NULL OR status = $2) \
-                 ORDER BY run_id DESC LIMIT $3"
+                 AND ($4 IS NULL OR run_id < $4) ORDER BY run_id DESC LIMIT $3"
             ));
+            // Run ids are UUIDv7: by their text, newest last, as by their bytes.
             let rows = sqlx::query(sql)
                 .bind(query.tenant.clone())
                 .bind(query.status.map(|status| status.as_str().to_owned()))
                 .bind(query.limit.min(i64::MAX as usize) as i64)
+                .bind(query.after.map(|after| after.to_string()))
                 .fetch_all(pool)
                 .await
                 .map_err(backend)?;

@@ -234,6 +234,47 @@ async fn a_run_that_ended_can_be_deleted_and_one_still_running_cannot() {
     assert_eq!(listed, vec![kept.as_str()], "the other run is kept");
 }
 
+/// Pages of `GET /v1/runs` follow one another with `after`: newest first, each
+/// run once, `has_more` until the last page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_are_listed_in_pages_with_after_and_has_more() {
+    let server =
+        start(ScriptedModel::per_turn(vec![Step::Hang]), RuntimeConfig::default(), ServerConfig::default()).await;
+    let mut created = Vec::new();
+    for index in 0..5 {
+        created.push(server.create(ALPHA, &format!("work {index}")).await);
+    }
+    server.create(BETA, "not alpha's").await;
+    let mut listed = Vec::new();
+    let mut pages = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let path = match &after {
+            Some(id) => format!("/v1/runs?limit=2&after={id}"),
+            None => "/v1/runs?limit=2".to_owned(),
+        };
+        let page = server.send(reqwest::Method::GET, &path, Some(ALPHA), None).await;
+        assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+        let ids: Vec<String> = page.body["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|run| run["run_id"].as_str().unwrap().to_owned())
+            .collect();
+        pages.push((ids.len(), page.body["has_more"].as_bool().unwrap()));
+        after = ids.last().cloned();
+        listed.extend(ids);
+        if !page.body["has_more"].as_bool().unwrap() {
+            break;
+        }
+    }
+    assert_eq!(pages, vec![(2, true), (2, true), (1, false)]);
+    created.reverse();
+    assert_eq!(listed, created, "every run of the tenant once, newest first");
+    let bad = server.send(reqwest::Method::GET, "/v1/runs?after=nope", Some(ALPHA), None).await;
+    assert_eq!((bad.status, bad.code()), (StatusCode::BAD_REQUEST, "invalid_request"), "{}", bad.body);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_run_cannot_be_deleted_until_it_has_ended() {
     let model = ScriptedModel::per_turn(vec![Step::Hang]);

@@ -190,11 +190,17 @@ async fn contract(store: Arc<dyn RunStore>) {
     assert_eq!(store.unfinished_runs().await.unwrap(), vec![run_id, other], "queued runs are unfinished");
     let start = vec![StoreWrite::Status { status: RunStatus::Running, reason: None }];
     store.commit(&Commit { run_id: other, writes: start, events: vec![] }).await.unwrap();
-    let acme = store.list_runs(RunQuery { tenant: Some("acme".into()), status: None, limit: 10 }).await.unwrap();
+    let acme =
+        store.list_runs(RunQuery { tenant: Some("acme".into()), status: None, limit: 10, after: None }).await.unwrap();
     assert_eq!(acme.iter().map(|r| r.run_id).collect::<Vec<_>>(), vec![run_id]);
-    let all_runs =
-        store.list_runs(RunQuery { tenant: None, status: Some(RunStatus::Running), limit: 10 }).await.unwrap();
+    let all_runs = store
+        .list_runs(RunQuery { tenant: None, status: Some(RunStatus::Running), limit: 10, after: None })
+        .await
+        .unwrap();
     assert_eq!(all_runs.iter().map(|r| r.run_id).collect::<Vec<_>>(), vec![other, run_id]);
+    let older = RunQuery { tenant: None, status: Some(RunStatus::Running), limit: 10, after: Some(other) };
+    let older = store.list_runs(older).await.unwrap();
+    assert_eq!(older.iter().map(|r| r.run_id).collect::<Vec<_>>(), vec![run_id], "after: only older runs");
     assert_eq!(store.unfinished_runs().await.unwrap(), vec![run_id, other]);
 
     // An ended run takes no more commits, is not unfinished, and retention removes it.
@@ -276,7 +282,10 @@ async fn progress_is_read_back(store: &dyn RunStore, run_id: RunId) {
     assert_eq!((snapshot.run.turn, snapshot.run.usage.output_tokens, snapshot.last_seq), (2, 9, 2));
     let texts: Vec<String> = snapshot.messages.iter().map(|m| m.message.content.clone()).collect();
     assert_eq!(texts, vec!["one", "two", "three"], "numbered in order across both kinds of commit");
-    let listed = store.list_runs(RunQuery { tenant: Some("globex".into()), status: None, limit: 10 }).await.unwrap();
+    let listed = store
+        .list_runs(RunQuery { tenant: Some("globex".into()), status: None, limit: 10, after: None })
+        .await
+        .unwrap();
     assert_eq!(listed.iter().map(|run| (run.run_id, run.turn)).collect::<Vec<_>>(), vec![(run_id, 2)]);
 }
 
