@@ -31,7 +31,7 @@ pub(super) async fn read_sqlite(
 /// way); the `LIMIT` keeps the lateral subquery from being flattened into a join
 /// the planner could turn back into that scan.
 pub(super) async fn read_postgres(
-    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    connection: &mut sqlx::PgConnection,
     ids: &[&Text],
 ) -> Result<Vec<sqlx::postgres::PgRow>, StoreError> {
     let ids: Vec<&str> = ids.iter().map(|id| &***id).collect();
@@ -39,7 +39,7 @@ pub(super) async fn read_postgres(
         "SELECT now.* FROM unnest($1::text[]) AS wanted (id) \
          CROSS JOIN LATERAL (SELECT {READ_COLUMNS} FROM runs_now WHERE run_id = wanted.id LIMIT 1) now"
     );
-    sqlx::query(sqlx::AssertSqlSafe(sql)).bind(ids).fetch_all(&mut **tx).await.map_err(backend)
+    sqlx::query(sqlx::AssertSqlSafe(sql)).bind(ids).fetch_all(connection).await.map_err(backend)
 }
 
 /// The mutable columns of a `runs` row.

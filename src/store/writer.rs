@@ -449,6 +449,34 @@ macro_rules! write_rows {
         );
     }};
 }
+/// Reads what a group needs from the database before it is planned: the key of
+/// the next run created (once per writer), and the runs in `$ids` (not known yet)
+/// into `$runs`, in statements of at most `$limit` bytes of ids. Evaluates to the
+/// next key.
+macro_rules! read_unknown {
+    ($connection:ident, $read:ident, $limit:expr, $memory:ident, $ids:ident, $runs:ident) => {{
+        let next_key = match $memory.next_key {
+            Some(key) => key,
+            None => {
+                let largest: Option<i64> = sqlx::query_scalar("SELECT MAX(run_key) FROM runs")
+                    .fetch_one(&mut *$connection)
+                    .await
+                    .map_err(backend)?;
+                largest.unwrap_or(0) + 1
+            }
+        };
+        let mut rest = &$ids[..];
+        while !rest.is_empty() {
+            let (chunk, tail) = rest.split_at(chunk_len(rest, |id| id.len(), $limit));
+            rest = tail;
+            for row in $read(&mut $connection, chunk).await? {
+                read_into(&mut $runs, &row)?;
+            }
+        }
+        next_key
+    }};
+}
+
 /// One transaction: read the group's runs (as `runs_now` gives them; nothing else
 /// writes a run while the store is open, so they need no lock), check and
 /// merge the jobs in memory, write the rows, commit. `Err` means nothing of the
@@ -490,24 +518,7 @@ async fn write_group(
             // The reads come before the transaction: nothing else writes a run
             // while the store is open (retention deletes only ended runs, which
             // refuse every job anyway).
-            let mut next_key = match memory.next_key {
-                Some(key) => key,
-                None => {
-                    let largest: Option<i64> = sqlx::query_scalar("SELECT MAX(run_key) FROM runs")
-                        .fetch_one(&mut *connection)
-                        .await
-                        .map_err(backend)?;
-                    largest.unwrap_or(0) + 1
-                }
-            };
-            let mut rest = &ids[..];
-            while !rest.is_empty() {
-                let (chunk, tail) = rest.split_at(chunk_len(rest, |id| id.len(), usize::MAX));
-                rest = tail;
-                for row in read_sqlite(&mut connection, chunk).await? {
-                    read_into(&mut runs, &row)?;
-                }
-            }
+            let mut next_key = read_unknown!(connection, read_sqlite, usize::MAX, memory, ids, runs);
             let (rows, outcomes) = plan(jobs, runs, &now, &mut next_key);
             let mut script = SqliteScript::new();
             write_rows!(script, usize::MAX, false, &rows);
@@ -518,24 +529,7 @@ async fn write_group(
         }
         Pool::Postgres(pool) => {
             let mut tx = pool.begin().await.map_err(backend)?;
-            let mut next_key = match memory.next_key {
-                Some(key) => key,
-                None => {
-                    let largest: Option<i64> = sqlx::query_scalar("SELECT MAX(run_key) FROM runs")
-                        .fetch_one(&mut *tx)
-                        .await
-                        .map_err(backend)?;
-                    largest.unwrap_or(0) + 1
-                }
-            };
-            let mut rest = &ids[..];
-            while !rest.is_empty() {
-                let (chunk, tail) = rest.split_at(chunk_len(rest, |id| id.len(), PG_STATEMENT_BYTES));
-                rest = tail;
-                for row in read_postgres(&mut tx, chunk).await? {
-                    read_into(&mut runs, &row)?;
-                }
-            }
+            let mut next_key = read_unknown!(tx, read_postgres, PG_STATEMENT_BYTES, memory, ids, runs);
             let (rows, outcomes) = plan(jobs, runs, &now, &mut next_key);
             let mut statements = PgStatements { tx: &mut tx, arguments: Default::default() };
             write_rows!(statements, PG_STATEMENT_BYTES, true, &rows);
