@@ -276,6 +276,9 @@ mod tests {
         async fn delete_ended(&self, run_id: RunId) -> Result<bool, StoreError> {
             self.inner.delete_ended(run_id).await
         }
+        fn threads(&self) -> &dyn crate::store::ThreadStore {
+            self.inner.threads()
+        }
     }
 
     fn event(run_id: RunId, seq: u64, kind: EventKind) -> RunEvent {

@@ -63,6 +63,7 @@ pub mod shared;
 pub mod steps;
 pub mod store;
 pub mod supervisor;
+pub mod threads;
 pub mod tool;
 pub mod tool_pool;
 

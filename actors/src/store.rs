@@ -12,7 +12,24 @@ use dashmap::DashMap;
 use serde::{Deserialize, Serialize};
 
 use crate::llm::Message;
-use crate::protocol::{Fragment, Limits, Plan, Review, RunEvent, RunId, RunStatus, ToolExecutionRecord, Usage};
+use crate::protocol::{
+    Fragment, Limits, Plan, Review, RunEvent, RunId, RunStatus, ThreadId, ToolExecutionRecord, Usage,
+};
+
+/// A client's labels on a run or a thread: a JSON object, returned as given and
+/// filterable in listings.
+pub type Metadata = serde_json::Map<String, serde_json::Value>;
+
+/// What makes a creating request safe to retry: the client's `Idempotency-Key`
+/// and a fingerprint of what it asked (another request under the same key is
+/// refused). Stored with what it created, in the same write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Idempotency {
+    /// The client's key.
+    pub key: String,
+    /// A digest of the request (route and body).
+    pub fingerprint: String,
+}
 
 /// A run as stored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -43,6 +60,15 @@ pub struct RunRecord {
     pub created_at: DateTime<Utc>,
     /// When it last changed.
     pub updated_at: DateTime<Utc>,
+    /// The thread (conversation) it belongs to, if any.
+    #[serde(default)]
+    pub thread_id: Option<ThreadId>,
+    /// The client's labels.
+    #[serde(default)]
+    pub metadata: Metadata,
+    /// The idempotency key it was created under, if any.
+    #[serde(skip)]
+    pub idempotency: Option<Idempotency>,
 }
 
 impl RunRecord {
@@ -69,8 +95,43 @@ impl RunRecord {
             final_output: None,
             created_at: now,
             updated_at: now,
+            thread_id: None,
+            metadata: Metadata::new(),
+            idempotency: None,
         }
     }
+}
+
+/// A thread as stored: a conversation of one tenant with one agent, whose runs
+/// follow each other (each sees the ones before it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ThreadRecord {
+    /// The id.
+    pub thread_id: ThreadId,
+    /// The owning tenant.
+    pub tenant: String,
+    /// The agent its runs go to unless a run names another.
+    pub agent: String,
+    /// The client's labels.
+    pub metadata: Metadata,
+    /// When it was created.
+    pub created_at: DateTime<Utc>,
+    /// When its metadata last changed.
+    pub updated_at: DateTime<Utc>,
+    /// The idempotency key it was created under, if any.
+    #[serde(skip)]
+    pub idempotency: Option<Idempotency>,
+}
+
+/// A thread listing.
+#[derive(Debug, Clone, Default)]
+pub struct ThreadQuery {
+    /// Only this tenant's threads.
+    pub tenant: Option<String>,
+    /// At most this many, newest first.
+    pub limit: usize,
+    /// Only threads older than this one (the last of the previous page).
+    pub after: Option<ThreadId>,
 }
 
 /// A conversation message with the turn it belongs to.
@@ -175,6 +236,32 @@ pub struct RunQuery {
     pub limit: usize,
     /// Only runs older than this one (the last of the previous page).
     pub after: Option<RunId>,
+    /// Only runs of this thread.
+    pub thread_id: Option<ThreadId>,
+    /// Only runs whose metadata has each of these keys with this string value.
+    pub metadata: Vec<(String, String)>,
+}
+
+impl RunQuery {
+    /// Whether `run` passes every filter but the page (`limit`).
+    pub fn admits(&self, run: &RunRecord) -> bool {
+        self.tenant.as_ref().is_none_or(|tenant| &run.tenant == tenant)
+            && self.status.is_none_or(|status| run.status == status)
+            && self.after.is_none_or(|after| run.run_id < after)
+            && self.thread_id.is_none_or(|thread| run.thread_id == Some(thread))
+            && self
+                .metadata
+                .iter()
+                .all(|(key, value)| run.metadata.get(key).and_then(serde_json::Value::as_str) == Some(value.as_str()))
+    }
+}
+
+/// Whether a metadata key may be used in a filter: 1 to 64 letters, digits, `_`
+/// and `-` (the SQL stores build a JSON path from it).
+pub fn filterable_key(key: &str) -> bool {
+    !key.is_empty()
+        && key.len() <= 64
+        && key.bytes().all(|byte| byte.is_ascii_alphanumeric() || matches!(byte, b'_' | b'-'))
 }
 
 /// Why a store call failed.
@@ -199,6 +286,9 @@ pub enum StoreError {
     /// The run has ended; nothing may change it.
     #[error("run {0} has ended")]
     Terminal(RunId),
+    /// No such thread.
+    #[error("thread {0} not found")]
+    ThreadNotFound(ThreadId),
     /// The backend failed.
     #[error("store backend error: {0}")]
     Backend(String),
@@ -237,6 +327,55 @@ pub trait RunStore: Send + Sync + 'static {
     /// tool calls, plans, reviews, documents): `Ok(true)`; `Ok(false)` if it has
     /// not ended (nothing is deleted); `NotFound` if there is no such run.
     async fn delete_ended(&self, run_id: RunId) -> Result<bool, StoreError>;
+
+    /// Where the store keeps threads and finds runs by idempotency key.
+    fn threads(&self) -> &dyn ThreadStore;
+}
+
+/// Threads, and what a retried request is recognised by: the part of a store
+/// beyond runs (a wrapper of a store hands out its inner store's).
+#[async_trait]
+pub trait ThreadStore: Send + Sync + 'static {
+    /// The run `tenant` created under idempotency `key` at or after `since`, with
+    /// its request's fingerprint.
+    async fn run_by_idempotency_key(
+        &self,
+        tenant: &str,
+        key: &str,
+        since: DateTime<Utc>,
+    ) -> Result<Option<(RunRecord, String)>, StoreError>;
+
+    /// Stores a new thread.
+    async fn create_thread(&self, thread: ThreadRecord) -> Result<(), StoreError>;
+
+    /// The thread's record.
+    async fn get_thread(&self, thread_id: ThreadId) -> Result<Option<ThreadRecord>, StoreError>;
+
+    /// The thread `tenant` created under idempotency `key` at or after `since`,
+    /// with its request's fingerprint.
+    async fn thread_by_idempotency_key(
+        &self,
+        tenant: &str,
+        key: &str,
+        since: DateTime<Utc>,
+    ) -> Result<Option<(ThreadRecord, String)>, StoreError>;
+
+    /// Threads matching `query`, newest first.
+    async fn list_threads(&self, query: ThreadQuery) -> Result<Vec<ThreadRecord>, StoreError>;
+
+    /// Replaces the thread's metadata; the thread as updated, `None` if there is
+    /// no such thread.
+    async fn update_thread(
+        &self,
+        thread_id: ThreadId,
+        metadata: Metadata,
+        now: DateTime<Utc>,
+    ) -> Result<Option<ThreadRecord>, StoreError>;
+
+    /// Deletes a thread and its runs (with everything they own): `Ok(true)`;
+    /// `Ok(false)` if one of its runs has not ended (nothing is deleted);
+    /// `ThreadNotFound` if there is no such thread.
+    async fn delete_thread(&self, thread_id: ThreadId) -> Result<bool, StoreError>;
 }
 
 /// Checks that `events` continue after `last_seq` with no gap.
@@ -292,11 +431,12 @@ struct MemoryRun {
 /// sessions committing to different runs rarely wait for each other.
 pub struct MemoryStore {
     runs: DashMap<RunId, MemoryRun>,
+    threads: DashMap<ThreadId, ThreadRecord>,
 }
 
 impl Default for MemoryStore {
     fn default() -> Self {
-        Self { runs: DashMap::with_shard_amount(64) }
+        Self { runs: DashMap::with_shard_amount(64), threads: DashMap::new() }
     }
 }
 
@@ -359,10 +499,8 @@ impl RunStore for MemoryStore {
         let mut records: Vec<RunRecord> = self
             .runs
             .iter()
+            .filter(|entry| query.admits(&entry.snapshot.run))
             .map(|entry| entry.snapshot.run.clone())
-            .filter(|run| query.tenant.as_ref().is_none_or(|tenant| &run.tenant == tenant))
-            .filter(|run| query.status.is_none_or(|status| run.status == status))
-            .filter(|run| query.after.is_none_or(|after| run.run_id < after))
             .collect();
         records.sort_by_key(|run| std::cmp::Reverse(run.run_id));
         records.truncate(query.limit);
@@ -401,6 +539,112 @@ impl RunStore for MemoryStore {
             None if self.runs.contains_key(&run_id) => Ok(false),
             None => Err(StoreError::NotFound(run_id)),
         }
+    }
+
+    fn threads(&self) -> &dyn ThreadStore {
+        self
+    }
+}
+
+#[async_trait]
+impl ThreadStore for MemoryStore {
+    async fn run_by_idempotency_key(
+        &self,
+        tenant: &str,
+        key: &str,
+        since: DateTime<Utc>,
+    ) -> Result<Option<(RunRecord, String)>, StoreError> {
+        let found = self
+            .runs
+            .iter()
+            .filter(|entry| entry.snapshot.run.tenant == tenant && entry.snapshot.run.created_at >= since)
+            .filter_map(|entry| {
+                let run = &entry.snapshot.run;
+                let idempotency = run.idempotency.as_ref().filter(|idempotency| idempotency.key == key)?;
+                Some((run.clone(), idempotency.fingerprint.clone()))
+            })
+            .max_by_key(|(run, _)| run.run_id);
+        Ok(found)
+    }
+
+    async fn create_thread(&self, thread: ThreadRecord) -> Result<(), StoreError> {
+        match self.threads.entry(thread.thread_id) {
+            dashmap::Entry::Occupied(_) => {
+                Err(StoreError::Backend(format!("thread {} already exists", thread.thread_id)))
+            }
+            dashmap::Entry::Vacant(slot) => {
+                slot.insert(thread);
+                Ok(())
+            }
+        }
+    }
+
+    async fn get_thread(&self, thread_id: ThreadId) -> Result<Option<ThreadRecord>, StoreError> {
+        Ok(self.threads.get(&thread_id).map(|entry| entry.clone()))
+    }
+
+    async fn thread_by_idempotency_key(
+        &self,
+        tenant: &str,
+        key: &str,
+        since: DateTime<Utc>,
+    ) -> Result<Option<(ThreadRecord, String)>, StoreError> {
+        let found = self
+            .threads
+            .iter()
+            .filter(|thread| thread.tenant == tenant && thread.created_at >= since)
+            .filter_map(|thread| {
+                let idempotency = thread.idempotency.as_ref().filter(|idempotency| idempotency.key == key)?;
+                Some((thread.clone(), idempotency.fingerprint.clone()))
+            })
+            .max_by_key(|(thread, _)| thread.thread_id);
+        Ok(found)
+    }
+
+    async fn list_threads(&self, query: ThreadQuery) -> Result<Vec<ThreadRecord>, StoreError> {
+        let mut threads: Vec<ThreadRecord> = self
+            .threads
+            .iter()
+            .filter(|thread| query.tenant.as_ref().is_none_or(|tenant| &thread.tenant == tenant))
+            .filter(|thread| query.after.is_none_or(|after| thread.thread_id < after))
+            .map(|thread| thread.clone())
+            .collect();
+        threads.sort_by_key(|thread| std::cmp::Reverse(thread.thread_id));
+        threads.truncate(query.limit);
+        Ok(threads)
+    }
+
+    async fn update_thread(
+        &self,
+        thread_id: ThreadId,
+        metadata: Metadata,
+        now: DateTime<Utc>,
+    ) -> Result<Option<ThreadRecord>, StoreError> {
+        Ok(self.threads.get_mut(&thread_id).map(|mut thread| {
+            thread.metadata = metadata;
+            thread.updated_at = now;
+            thread.clone()
+        }))
+    }
+
+    async fn delete_thread(&self, thread_id: ThreadId) -> Result<bool, StoreError> {
+        if !self.threads.contains_key(&thread_id) {
+            return Err(StoreError::ThreadNotFound(thread_id));
+        }
+        let runs: Vec<(RunId, bool)> = self
+            .runs
+            .iter()
+            .filter(|entry| entry.snapshot.run.thread_id == Some(thread_id))
+            .map(|entry| (*entry.key(), entry.snapshot.run.status.is_terminal()))
+            .collect();
+        if runs.iter().any(|(_, ended)| !ended) {
+            return Ok(false);
+        }
+        for (run_id, _) in runs {
+            self.runs.remove(&run_id);
+        }
+        self.threads.remove(&thread_id);
+        Ok(true)
     }
 }
 

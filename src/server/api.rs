@@ -1,93 +1,39 @@
-//! The JSON routes of DESIGN §8, and the OpenAPI document generated from them.
-//! Every run route looks the run up through [`owned_run`], which answers 404 for
-//! another tenant's run exactly as for a missing one.
+//! The JSON routes of runs, agents, tools and health (DESIGN §8), and what the
+//! thread routes share with them. Every run route looks the run up through
+//! [`owned_run`], which answers 404 for another tenant's run exactly as for a
+//! missing one.
 
 use std::time::Duration;
 
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
-use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::extract::{Path, Query, Request, State};
 use axum::http::StatusCode;
-use axum::middleware::{self, Next};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Extension, Json, Router};
+use axum::{Extension, Json};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use troupe_actors::protocol::{Limits, RunSpec, RunStatus};
-use troupe_actors::store::{RunQuery, RunRecord};
+use troupe_actors::runtime::ThreadRun;
+use troupe_actors::store::{Idempotency, Metadata, RunQuery, RunRecord, filterable_key};
+use troupe_actors::threads::MultitaskStrategy;
 use troupe_actors::{RunInput, SubmitRequest};
-use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa::{IntoParams, Modify, OpenApi, ToSchema};
+use utoipa::{IntoParams, ToSchema};
 
 use super::auth::Tenant;
 use super::error::{ApiError, ErrorBody};
-use super::state::{AppState, owned_run, require_tenant};
-use super::{incidents, sse, telemetry};
+use super::incidents;
+use super::state::{AppState, owned_run};
 
 /// Longest listing.
 const MAX_LIST: usize = 500;
-
-#[derive(OpenApi)]
-#[openapi(
-    info(title = "troupe", description = "An actor-based multi-agent runtime: submit runs, follow their events, answer and cancel them."),
-    paths(create_run, list_runs, get_run, delete_run, sse::run_events, run_input, cancel_run, list_agents, list_tools, healthz, readyz),
-    components(schemas(ErrorBody, CreateRun, LimitsBody, RunView, UsageView, RunList, InputBody, AgentView, ToolView)),
-    modifiers(&BearerAuth),
-    tags((name = "runs", description = "Runs and their events"), (name = "catalog", description = "Agents and tools"),
-        (name = "ops", description = "Health"))
-)]
-struct ApiDoc;
-
-struct BearerAuth;
-
-impl Modify for BearerAuth {
-    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
-        let components = openapi.components.get_or_insert_with(Default::default);
-        components.add_security_scheme(
-            "bearer",
-            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
-        );
-    }
-}
-
-/// The OpenAPI 3.1 document of the API.
-pub fn openapi() -> utoipa::openapi::OpenApi {
-    ApiDoc::openapi()
-}
-
-pub(super) fn router(state: AppState) -> Router {
-    let protected = Router::new()
-        .route("/v1/runs", post(create_run).get(list_runs))
-        .route("/v1/runs/{id}", get(get_run).delete(delete_run))
-        .route("/v1/runs/{id}/events", get(sse::run_events))
-        .route("/v1/runs/{id}/input", post(run_input))
-        .route("/v1/runs/{id}/cancel", post(cancel_run))
-        .route("/v1/agents", get(list_agents))
-        .route("/v1/tools", get(list_tools))
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_tenant));
-    let document = openapi();
-    Router::new()
-        .merge(protected)
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .route("/openapi.json", get(move || async move { Json(document) }))
-        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
-        .method_not_allowed_fallback(|| async {
-            ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "this route does not take that method")
-        })
-        .layer(middleware::from_fn_with_state(state.clone(), deadline))
-        .layer(DefaultBodyLimit::max(state.inner.config.max_body_bytes))
-        .layer(middleware::from_fn(telemetry::measure))
-        .with_state(state)
-}
 
 /// Middleware: a request that gets no response head within `request_timeout`
 /// is answered 503 `timeout` (an event stream's head comes at once; its body is
 /// not limited). Every 429 and 503 leaves with a `Retry-After`. A refusal (413,
 /// 429, 503) is logged.
-async fn deadline(State(state): State<AppState>, request: Request, next: Next) -> Response {
+pub(super) async fn deadline(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let limit = state.inner.timing.request_timeout;
     let seen = incidents::RequestSeen::of(&request);
     let mut response = match tokio::time::timeout(limit, next.run(request)).await {
@@ -119,6 +65,80 @@ pub struct CreateRun {
     /// Limits for this run instead of the agent's.
     #[serde(default)]
     pub limits: Option<LimitsBody>,
+    /// Labels: a JSON object, returned with the run and filterable in
+    /// `GET /v1/runs` (`metadata.KEY=VALUE`).
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub metadata: Option<Metadata>,
+    /// The thread this run is a message of (as `POST /v1/threads/{id}/runs`).
+    #[serde(default)]
+    pub thread_id: Option<String>,
+    /// With `thread_id`: what happens if the thread has an active run.
+    #[serde(default)]
+    #[schema(value_type = Option<String>, example = "reject")]
+    pub multitask_strategy: Option<MultitaskStrategy>,
+}
+
+/// Most keys a metadata object may have.
+const MAX_METADATA_KEYS: usize = 64;
+
+/// Most bytes of a metadata object as JSON.
+const MAX_METADATA_BYTES: usize = 16 * 1024;
+
+/// Checks a request's metadata: an object of at most 64 keys and 16 KiB.
+pub(super) fn checked_metadata(metadata: Option<Metadata>) -> Result<Metadata, ApiError> {
+    let metadata = metadata.unwrap_or_default();
+    if metadata.len() > MAX_METADATA_KEYS {
+        return Err(ApiError::invalid(format!("metadata may have at most {MAX_METADATA_KEYS} keys")));
+    }
+    if serde_json::to_string(&metadata).map_or(0, |text| text.len()) > MAX_METADATA_BYTES {
+        return Err(ApiError::invalid(format!("metadata may be at most {MAX_METADATA_BYTES} bytes of JSON")));
+    }
+    Ok(metadata)
+}
+
+/// The request's `Idempotency-Key`, with a fingerprint of what it asks (`route`
+/// and the body as canonical JSON): `None` without the header.
+pub(super) fn idempotency(
+    headers: &axum::http::HeaderMap,
+    route: &str,
+    body: &Value,
+) -> Result<Option<Idempotency>, ApiError> {
+    use sha2::{Digest, Sha256};
+    let Some(value) = headers.get("idempotency-key") else { return Ok(None) };
+    let key = value
+        .to_str()
+        .ok()
+        .map(str::trim)
+        .filter(|key| !key.is_empty() && key.len() <= 255)
+        .ok_or_else(|| ApiError::invalid("Idempotency-Key must be 1 to 255 visible ASCII characters"))?;
+    let mut digest = Sha256::new();
+    digest.update(route.as_bytes());
+    digest.update(b"\n");
+    digest.update(troupe_actors::hooks::canonical_json(body).as_bytes());
+    let fingerprint = digest.finalize().iter().map(|byte| format!("{byte:02x}")).collect();
+    Ok(Some(Idempotency { key: key.to_owned(), fingerprint }))
+}
+
+/// A JSON body as a value (what an idempotency key's fingerprint is taken of)
+/// and as `T`.
+pub(super) fn typed_body<T: serde::de::DeserializeOwned>(
+    body: Result<Json<Value>, JsonRejection>,
+) -> Result<(Value, T), ApiError> {
+    let Json(value) = body?;
+    let typed = serde_json::from_value(value.clone())
+        .map_err(|error| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", error.to_string()))?;
+    Ok((value, typed))
+}
+
+/// A created resource's answer: 201, and `Idempotent-Replayed: true` when an
+/// earlier request under the same idempotency key created it.
+pub(super) fn created<T: Serialize>(view: T, replayed: bool) -> Response {
+    let mut response = (StatusCode::CREATED, Json(view)).into_response();
+    if replayed {
+        response.headers_mut().insert("idempotent-replayed", axum::http::HeaderValue::from_static("true"));
+    }
+    response
 }
 
 fn default_agent() -> String {
@@ -171,6 +191,12 @@ pub struct RunView {
     pub created_at: DateTime<Utc>,
     /// When it last changed.
     pub updated_at: DateTime<Utc>,
+    /// The thread it is a message of, if any.
+    pub thread_id: Option<String>,
+    /// The client's labels.
+    #[schema(value_type = Object)]
+    #[serde(default)]
+    pub metadata: Metadata,
 }
 
 /// Tokens and cost.
@@ -203,6 +229,8 @@ impl From<RunRecord> for RunView {
             final_output: run.final_output,
             created_at: run.created_at,
             updated_at: run.updated_at,
+            thread_id: run.thread_id.map(|id| id.to_string()),
+            metadata: run.metadata,
         }
     }
 }
@@ -210,38 +238,84 @@ impl From<RunRecord> for RunView {
 /// Starts a run. Answers once the run is durable; follow it at
 /// `/v1/runs/{id}/events`.
 #[utoipa::path(post, path = "/v1/runs", tag = "runs", request_body = CreateRun,
+    params(("Idempotency-Key" = Option<String>, Header,
+        description = "Retrying with the same key and body within 24 h returns the run the first request created.")),
     responses(
-        (status = 201, body = RunView, description = "Accepted and stored."),
+        (status = 201, body = RunView, description = "Accepted and stored (or, with `Idempotent-Replayed: true`, created by an earlier request with the same Idempotency-Key)."),
         (status = 400, body = ErrorBody, description = "Malformed JSON or invalid limits."),
-        (status = 404, body = ErrorBody, description = "Unknown agent."),
+        (status = 404, body = ErrorBody, description = "Unknown agent or thread."),
+        (status = 409, body = ErrorBody, description = "`thread_busy`: the thread has an active run (its id in `active_run_id`) and the strategy is `reject`."),
+        (status = 422, body = ErrorBody, description = "`idempotency_key_reused`: the key was used for a different request."),
         (status = 413, body = ErrorBody, description = "Body over server.max_body_bytes."),
         (status = 429, body = ErrorBody, description = "Too many active runs (globally or for this tenant); see Retry-After."),
         (status = 503, body = ErrorBody, description = "Shutting down, or the store failed."),
     ),
     security(("bearer" = [])))]
-async fn create_run(
+pub(super) async fn create_run(
     State(state): State<AppState>,
     Extension(Tenant(tenant)): Extension<Tenant>,
-    body: Result<Json<CreateRun>, JsonRejection>,
+    headers: axum::http::HeaderMap,
+    body: Result<Json<Value>, JsonRejection>,
 ) -> Result<Response, ApiError> {
-    let Json(body) = body?;
+    let (value, body): (Value, CreateRun) = typed_body(body)?;
+    let idempotency = idempotency(&headers, "POST /v1/runs", &value)?;
+    let thread = match body.thread_id.as_deref() {
+        Some(id) => Some(ThreadRun {
+            thread_id: id.parse().map_err(|_| ApiError::thread_not_found())?,
+            strategy: body.multitask_strategy.unwrap_or_default(),
+        }),
+        None if body.multitask_strategy.is_some() => {
+            return Err(ApiError::invalid("multitask_strategy applies to a run of a thread: give thread_id"));
+        }
+        None => None,
+    };
+    let run = RunBody { agent: Some(body.agent), input: body.input, limits: body.limits, metadata: body.metadata };
+    submit(&state, tenant, run, thread, idempotency).await
+}
+
+/// What a request to start a run asks, whichever route it came by.
+pub(super) struct RunBody {
+    /// `None`: the thread's agent.
+    pub agent: Option<String>,
+    pub input: String,
+    pub limits: Option<LimitsBody>,
+    pub metadata: Option<Metadata>,
+}
+
+/// Starts a run (of a thread, with `thread`): 201 with the run as created.
+pub(super) async fn submit(
+    state: &AppState,
+    tenant: String,
+    body: RunBody,
+    thread: Option<ThreadRun>,
+    idempotency: Option<Idempotency>,
+) -> Result<Response, ApiError> {
     if body.input.trim().is_empty() {
         return Err(ApiError::invalid("input must not be empty"));
     }
-    let limits = match (body.limits, state.inner.runtime.agent(&body.agent)) {
+    let metadata = checked_metadata(body.metadata)?;
+    let agent = match (&body.agent, thread) {
+        (Some(agent), _) => agent.clone(),
+        (None, Some(thread)) => match state.inner.runtime.store().threads().get_thread(thread.thread_id).await? {
+            Some(stored) if stored.tenant == tenant => stored.agent,
+            _ => return Err(ApiError::thread_not_found()),
+        },
+        (None, None) => default_agent(),
+    };
+    let limits = match (body.limits, state.inner.runtime.agent(&agent)) {
         (Some(wanted), Some(agent)) => Some(lowered(&agent.limits, &wanted)),
         _ => None,
     };
-    let spec = RunSpec { agent: body.agent, input: body.input, limits };
-    let request = SubmitRequest { spec, tenant, parent_run_id: None };
+    let spec = RunSpec { agent, input: body.input, limits };
+    let request = SubmitRequest { spec, tenant, parent_run_id: None, thread, metadata, idempotency };
     // The submission runs to its end even if the client goes away or the request
     // times out: a run half-accepted would be stored but never started.
     let runtime = state.inner.runtime.clone();
-    let submitted = tokio::spawn(async move { runtime.submit_record(request).await });
-    let run = submitted
+    let submitted = tokio::spawn(async move { runtime.submit_with(request).await });
+    let submitted = submitted
         .await
         .map_err(|_| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "the submission failed"))??;
-    Ok((StatusCode::CREATED, Json(RunView::from(run))).into_response())
+    Ok(created(RunView::from(submitted.run), submitted.replayed))
 }
 
 impl From<&Limits> for LimitsBody {
@@ -276,7 +350,6 @@ fn lowered(agent: &Limits, wanted: &LimitsBody) -> Limits {
 
 /// A listing filter.
 #[derive(Debug, Deserialize, IntoParams)]
-#[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct ListQuery {
     /// Only runs with this status.
@@ -287,6 +360,44 @@ pub struct ListQuery {
     /// The next page: only runs older than this run id (the last run of the
     /// previous page).
     pub after: Option<String>,
+    /// Only runs of this thread.
+    pub thread_id: Option<String>,
+    /// `metadata.KEY=VALUE` (repeatable): only runs whose metadata has KEY with
+    /// the string VALUE.
+    #[serde(skip)]
+    #[param(rename = "metadata.KEY", value_type = Option<String>)]
+    pub metadata: Vec<(String, String)>,
+}
+
+impl ListQuery {
+    /// The query from its parameters: the known ones and `metadata.KEY`; any
+    /// other is refused.
+    fn parse(pairs: Vec<(String, String)>) -> Result<Self, ApiError> {
+        let mut query = ListQuery { status: None, limit: None, after: None, thread_id: None, metadata: Vec::new() };
+        for (name, value) in pairs {
+            match name.as_str() {
+                "status" => {
+                    let status = serde_json::from_value(Value::String(value.clone()));
+                    query.status = Some(status.map_err(|_| ApiError::invalid(format!("unknown status {value:?}")))?);
+                }
+                "limit" => {
+                    query.limit = Some(value.parse().map_err(|_| ApiError::invalid("limit must be a number"))?);
+                }
+                "after" => query.after = Some(value),
+                "thread_id" => query.thread_id = Some(value),
+                _ => match name.strip_prefix("metadata.") {
+                    Some(key) if filterable_key(key) => query.metadata.push((key.to_owned(), value)),
+                    Some(_) => {
+                        return Err(ApiError::invalid(
+                            "a metadata key in a filter is 1 to 64 letters, digits, '_' or '-'",
+                        ));
+                    }
+                    None => return Err(ApiError::invalid(format!("unknown query parameter {name:?}"))),
+                },
+            }
+        }
+        Ok(query)
+    }
 }
 
 /// Runs, newest first.
@@ -303,30 +414,53 @@ pub struct RunList {
 #[utoipa::path(get, path = "/v1/runs", tag = "runs", params(ListQuery),
     responses((status = 200, body = RunList), (status = 400, body = ErrorBody)),
     security(("bearer" = [])))]
-async fn list_runs(
+pub(super) async fn list_runs(
     State(state): State<AppState>,
     Extension(Tenant(tenant)): Extension<Tenant>,
-    query: Result<Query<ListQuery>, QueryRejection>,
+    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
 ) -> Result<Json<RunList>, ApiError> {
-    let Query(query) = query?;
-    let limit = query.limit.unwrap_or(50).clamp(1, MAX_LIST);
-    let after = match query.after.as_deref() {
+    let Query(pairs) = query?;
+    let query = ListQuery::parse(pairs)?;
+    let thread_id = match query.thread_id.as_deref() {
+        Some(id) => Some(id.parse().map_err(|_| ApiError::invalid("thread_id must be a thread id"))?),
+        None => None,
+    };
+    let filter = RunQuery {
+        tenant: Some(tenant),
+        status: query.status,
+        thread_id,
+        metadata: query.metadata,
+        ..RunQuery::default()
+    };
+    page_of_runs(&state, filter, query.limit, query.after.as_deref()).await.map(Json)
+}
+
+/// A page of runs matching `filter`, newest first, after run `after` (the last
+/// of the previous page).
+pub(super) async fn page_of_runs(
+    state: &AppState,
+    mut filter: RunQuery,
+    limit: Option<usize>,
+    after: Option<&str>,
+) -> Result<RunList, ApiError> {
+    let limit = limit.unwrap_or(50).clamp(1, MAX_LIST);
+    filter.after = match after {
         Some(id) => Some(id.parse().map_err(|_| ApiError::invalid("after must be a run id (from a previous page)"))?),
         None => None,
     };
     // One run more than asked for tells whether another page follows.
-    let wanted = RunQuery { tenant: Some(tenant), status: query.status, limit: limit + 1, after };
-    let mut runs = state.inner.runtime.store().list_runs(wanted).await?;
+    filter.limit = limit + 1;
+    let mut runs = state.inner.runtime.store().list_runs(filter).await?;
     let has_more = runs.len() > limit;
     runs.truncate(limit);
-    Ok(Json(RunList { runs: runs.into_iter().map(RunView::from).collect(), has_more }))
+    Ok(RunList { runs: runs.into_iter().map(RunView::from).collect(), has_more })
 }
 
 /// One run.
 #[utoipa::path(get, path = "/v1/runs/{id}", tag = "runs", params(("id" = String, Path, description = "The run id.")),
     responses((status = 200, body = RunView), (status = 404, body = ErrorBody)),
     security(("bearer" = [])))]
-async fn get_run(
+pub(super) async fn get_run(
     State(state): State<AppState>,
     Extension(Tenant(tenant)): Extension<Tenant>,
     path: Result<Path<String>, PathRejection>,
@@ -380,7 +514,7 @@ impl InputBody {
         (status = 409, body = ErrorBody, description = "The run is not waiting for input."),
     ),
     security(("bearer" = [])))]
-async fn run_input(
+pub(super) async fn run_input(
     State(state): State<AppState>,
     Extension(Tenant(tenant)): Extension<Tenant>,
     path: Result<Path<String>, PathRejection>,
@@ -403,7 +537,7 @@ async fn run_input(
         (status = 409, body = ErrorBody, description = "The run has not ended (`not_ended`): cancel it first."),
     ),
     security(("bearer" = [])))]
-async fn delete_run(
+pub(super) async fn delete_run(
     State(state): State<AppState>,
     Extension(Tenant(tenant)): Extension<Tenant>,
     path: Result<Path<String>, PathRejection>,
@@ -431,7 +565,7 @@ async fn delete_run(
         (status = 409, body = ErrorBody, description = "The run had already ended."),
     ),
     security(("bearer" = [])))]
-async fn cancel_run(
+pub(super) async fn cancel_run(
     State(state): State<AppState>,
     Extension(Tenant(tenant)): Extension<Tenant>,
     path: Result<Path<String>, PathRejection>,
@@ -461,7 +595,7 @@ pub struct AgentView {
 /// The configured agents.
 #[utoipa::path(get, path = "/v1/agents", tag = "catalog",
     responses((status = 200, body = Vec<AgentView>)), security(("bearer" = [])))]
-async fn list_agents(State(state): State<AppState>) -> Json<Vec<AgentView>> {
+pub(super) async fn list_agents(State(state): State<AppState>) -> Json<Vec<AgentView>> {
     let agents = state.inner.runtime.agents().into_iter().map(|agent| AgentView {
         name: agent.name,
         model: agent.model,
@@ -490,7 +624,7 @@ pub struct ToolView {
 /// The registered tools.
 #[utoipa::path(get, path = "/v1/tools", tag = "catalog",
     responses((status = 200, body = Vec<ToolView>)), security(("bearer" = [])))]
-async fn list_tools(State(state): State<AppState>) -> Json<Vec<ToolView>> {
+pub(super) async fn list_tools(State(state): State<AppState>) -> Json<Vec<ToolView>> {
     let tools = state.inner.runtime.tools().into_iter().map(|tool| ToolView {
         name: tool.name.clone(),
         description: tool.description.clone(),
@@ -501,20 +635,20 @@ async fn list_tools(State(state): State<AppState>) -> Json<Vec<ToolView>> {
 
 /// Alive.
 #[utoipa::path(get, path = "/healthz", tag = "ops", responses((status = 200, description = "The process serves.")))]
-async fn healthz() -> Json<Value> {
+pub(super) async fn healthz() -> Json<Value> {
     Json(serde_json::json!({"status": "ok"}))
 }
 
 /// Ready: the store answers and the runtime takes runs.
 #[utoipa::path(get, path = "/readyz", tag = "ops",
     responses((status = 200, description = "Ready."), (status = 503, body = ErrorBody, description = "Not ready.")))]
-async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+pub(super) async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     let runtime = &state.inner.runtime;
     if !runtime.accepting() || state.inner.shutdown.is_cancelled() {
         return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "the runtime is not taking runs"));
     }
     // Any read answers whether the store is reachable; this one finds nothing.
-    let probe = RunQuery { tenant: Some(String::new()), status: None, limit: 1, after: None };
+    let probe = RunQuery { tenant: Some(String::new()), limit: 1, ..RunQuery::default() };
     match tokio::time::timeout(Duration::from_secs(5), runtime.store().list_runs(probe)).await {
         Ok(Ok(_)) => Ok(Json(serde_json::json!({"status": "ready"}))),
         Ok(Err(error)) => Err(ApiError::from(error)),
@@ -523,7 +657,7 @@ async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
 }
 
 /// Prometheus exposition; with `metrics_token_sha256` set, only for its bearer.
-async fn metrics(State(state): State<AppState>, headers: axum::http::HeaderMap) -> Response {
+pub(super) async fn metrics(State(state): State<AppState>, headers: axum::http::HeaderMap) -> Response {
     if let Some(token) = &state.inner.metrics_token {
         let authorization = headers.get(axum::http::header::AUTHORIZATION).and_then(|value| value.to_str().ok());
         if !token.admits(authorization) {

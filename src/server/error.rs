@@ -21,6 +21,8 @@ pub struct ApiError {
     pub message: String,
     /// Seconds, for 429 and 503.
     pub retry_after: Option<u64>,
+    /// For `thread_busy`: the thread's active run.
+    pub active_run_id: Option<String>,
 }
 
 /// The JSON body of an error.
@@ -36,22 +38,31 @@ pub struct ErrorDetail {
     /// Stable code: `unauthorized`, `not_found`, `invalid_json`, `invalid_request`,
     /// `payload_too_large`, `invalid_input`, `unknown_agent`, `invalid_limits`, `overloaded`,
     /// `tenant_overloaded`, `too_many_streams`, `not_waiting`, `already_ended`,
+    /// `not_ended`, `thread_busy`, `thread_queue_full`, `idempotency_key_reused`,
     /// `unavailable`, `timeout`, `store_error`.
     pub code: String,
     /// A description.
     pub message: String,
+    /// For `thread_busy`: the run the thread is busy with.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub active_run_id: Option<String>,
 }
 
 impl ApiError {
     /// An error with no `Retry-After`.
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        Self { status, code, message: message.into(), retry_after: None }
+        Self { status, code, message: message.into(), retry_after: None, active_run_id: None }
     }
 
     /// 404 `not_found`: no such run for this tenant (another tenant's runs are
     /// indistinguishable from missing ones).
     pub fn run_not_found() -> Self {
         Self::new(StatusCode::NOT_FOUND, "not_found", "run not found")
+    }
+
+    /// 404 `not_found` for a thread (another tenant's looks missing too).
+    pub fn thread_not_found() -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", "thread not found")
     }
 
     /// 401 `unauthorized`.
@@ -73,7 +84,12 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = ErrorBody { error: ErrorDetail { code: self.code.to_owned(), message: self.message.clone() } };
+        let error = ErrorDetail {
+            code: self.code.to_owned(),
+            message: self.message.clone(),
+            active_run_id: self.active_run_id.clone(),
+        };
+        let body = ErrorBody { error };
         let mut response = (self.status, Json(body)).into_response();
         if let Some(seconds) = self.retry_after {
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds));
@@ -91,6 +107,7 @@ impl From<StoreError> for ApiError {
     fn from(error: StoreError) -> Self {
         match error {
             StoreError::NotFound(_) => Self::run_not_found(),
+            StoreError::ThreadNotFound(_) => Self::thread_not_found(),
             // The detail goes to the log, not to the client.
             other => {
                 tracing::error!(error = %other, "store error");
@@ -111,6 +128,17 @@ impl From<SubmitError> for ApiError {
                 Self::new(StatusCode::TOO_MANY_REQUESTS, "tenant_overloaded", message)
             }
             SubmitError::Unavailable => Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message),
+            SubmitError::UnknownThread => Self::thread_not_found(),
+            SubmitError::ThreadBusy { active_run_id } => Self {
+                active_run_id: Some(active_run_id.to_string()),
+                ..Self::new(StatusCode::CONFLICT, "thread_busy", message)
+            },
+            SubmitError::ThreadQueueFull { .. } => {
+                Self::new(StatusCode::TOO_MANY_REQUESTS, "thread_queue_full", message)
+            }
+            SubmitError::IdempotencyKeyReused => {
+                Self::new(StatusCode::UNPROCESSABLE_ENTITY, "idempotency_key_reused", message)
+            }
             SubmitError::Store(error) => error.into(),
         }
     }

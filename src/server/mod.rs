@@ -1,7 +1,10 @@
 //! `troupe serve`: the HTTP API of DESIGN §8 over a [`Runtime`](troupe_actors::Runtime).
 //!
-//! - `api.rs`: the JSON routes and the OpenAPI document.
-//! - `sse.rs`: `GET /v1/runs/{id}/events`, resumable with `Last-Event-ID`.
+//! - `routes.rs`: the router and the OpenAPI document.
+//! - `api.rs`: the JSON routes of runs, agents, tools and health.
+//! - `threads.rs`: the thread routes (conversations: runs that follow each other).
+//! - `sse.rs`: `GET /v1/runs/{id}/events` and `GET /v1/threads/{id}/events`,
+//!   resumable with `Last-Event-ID`.
 //! - `auth.rs`: bearer tokens → tenants.
 //! - `state.rs`: [`AppState`], what every handler shares; the tenant middleware
 //!   and the lookup of a tenant's run.
@@ -23,11 +26,13 @@ mod auth;
 mod config;
 mod error;
 mod incidents;
+mod routes;
 mod slots;
 mod sse;
 mod stall;
 mod state;
 mod telemetry;
+mod threads;
 mod throttle;
 
 use std::net::SocketAddr;
@@ -45,13 +50,14 @@ use tracing::{debug, info, warn};
 use incidents::ConnectionNote;
 use throttle::LogThrottle;
 
-pub use api::openapi;
+pub use routes::openapi;
 pub use sse::STREAM_ERROR;
 
 /// The API's JSON bodies, for clients.
 pub mod api_types {
     pub use super::api::{AgentView, CreateRun, InputBody, LimitsBody, RunList, RunView, ToolView, UsageView};
     pub use super::error::{ErrorBody, ErrorDetail};
+    pub use super::threads::{CreateThread, CreateThreadRun, ThreadDetail, ThreadList, ThreadMessageView, ThreadView};
 }
 pub use auth::{Auth, AuthConfig, AuthError, TokenConfig, hash_token};
 pub use config::{ConnectionTimeouts, ServeError, ServerConfig};
@@ -149,7 +155,7 @@ pub async fn bind(addr: &str) -> Result<(TcpListener, SocketAddr), ServeError> {
 
 /// The whole router: the API, the event stream, health, metrics, OpenAPI.
 pub fn router(state: AppState) -> axum::Router {
-    api::router(state)
+    routes::router(state)
 }
 
 #[cfg(test)]

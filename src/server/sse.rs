@@ -161,3 +161,86 @@ fn frame(event: &RunEvent) -> Event {
     });
     Event::default().id(event.seq.to_string()).event(event.kind.name()).data(data)
 }
+
+/// Where a thread stream resumes: `RUN_ID:SEQ`, the id of the last event received.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ThreadEventsQuery {
+    /// Send only events after this one (`RUN_ID:SEQ`, an event's `id`); the
+    /// `Last-Event-ID` header wins when both are given.
+    pub after: Option<String>,
+}
+
+/// Streams the events of every run of a thread, run after run, then live (also
+/// of runs started later), until the thread is deleted or the server stops.
+#[utoipa::path(
+    get,
+    path = "/v1/threads/{id}/events",
+    tag = "threads",
+    params(("id" = String, Path, description = "The thread id."), ThreadEventsQuery,
+        ("Last-Event-ID" = Option<String>, Header, description = "The id (`RUN_ID:SEQ`) of the last event received.")),
+    responses(
+        (status = 200, content_type = "text/event-stream",
+            description = "One SSE event per run event: `id` = `RUN_ID:SEQ`, `event` = kind, `data` = the event as JSON (with its `run_id`)."),
+        (status = 404, body = super::error::ErrorBody, description = "No such thread for this tenant."),
+        (status = 400, body = super::error::ErrorBody, description = "A Last-Event-ID that is not `RUN_ID:SEQ`."),
+        (status = 429, body = super::error::ErrorBody, description = "Too many open streams."),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn thread_events(
+    State(state): State<AppState>,
+    Extension(Tenant(tenant)): Extension<Tenant>,
+    path: Result<Path<String>, axum::extract::rejection::PathRejection>,
+    query: Result<Query<ThreadEventsQuery>, axum::extract::rejection::QueryRejection>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let Path(id) = path?;
+    let thread = super::threads::owned_thread(&state, &tenant, &id).await?;
+    let Query(query) = query?;
+    let resume =
+        headers.get("last-event-id").map(|value| value.to_str().unwrap_or_default().to_owned()).or(query.after);
+    let after = match resume.as_deref() {
+        Some(text) => Some(thread_cursor(text).ok_or_else(|| {
+            ApiError::invalid("Last-Event-ID / after must be the id (RUN_ID:SEQ) of an event of this thread")
+        })?),
+        None => None,
+    };
+    let Some(slot) = state.inner.streams.open(&tenant) else {
+        return Err(ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_streams", "too many open event streams")
+            .retry_after(state.inner.config.retry_after));
+    };
+    let events = state.inner.runtime.subscribe_thread(thread.thread_id, after);
+    let keep_alive = KeepAlive::new().interval(state.inner.timing.sse_keep_alive);
+    let shutdown = state.inner.shutdown.clone();
+    let frames = stream::unfold((events, Some(slot)), move |(mut events, slot)| {
+        let shutdown = shutdown.clone();
+        async move {
+            slot.as_ref()?;
+            let next = tokio::select! {
+                biased;
+                () = shutdown.cancelled() => return None,
+                next = events.next() => next?,
+            };
+            Some(match next {
+                Ok(event) => {
+                    let id = format!("{}:{}", event.run_id, event.seq);
+                    (Ok::<_, Infallible>(frame(&event).id(id)), (events, slot))
+                }
+                Err(_) => {
+                    let data = serde_json::json!({"code": "store_error", "message": "reading the thread's events failed; reconnect with Last-Event-ID"});
+                    (Ok(Event::default().event(STREAM_ERROR).data(data.to_string())), (events, None))
+                }
+            })
+        }
+    });
+    Ok(Sse::new(frames).keep_alive(keep_alive).into_response())
+}
+
+/// A thread event's id (`RUN_ID:SEQ`) as a run and a seq.
+fn thread_cursor(text: &str) -> Option<(RunId, u64)> {
+    let (run, seq) = text.trim().split_once(':')?;
+    let seq: u64 = seq.parse().ok()?;
+    i64::try_from(seq).ok()?;
+    Some((run.parse().ok()?, seq))
+}

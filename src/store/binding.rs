@@ -4,7 +4,7 @@
 
 use sqlx::Arguments;
 
-/// At most this many rows per statement (a power of two). With 18 columns at most,
+/// At most this many rows per statement (a power of two). With 23 columns at most,
 /// far under SQLite's limit of bound parameters (32,766) and PostgreSQL's (65,535).
 const MAX_ROWS: usize = 64;
 

@@ -39,7 +39,7 @@ pub(super) enum EncodedWrite {
 /// bodies serialised) by the caller, so the one writer task only binds and writes.
 pub(super) enum Job {
     /// A new run and its first events.
-    Create { run_id: RunId, fixed: Fixed, state: RunState, events: Option<EncodedEvents> },
+    Create { run_id: RunId, fixed: Box<Fixed>, state: RunState, events: Option<EncodedEvents> },
     /// A commit to an existing run.
     Commit {
         run_id: RunId,
@@ -61,6 +61,11 @@ pub(super) struct Fixed {
     pub input: Text,
     pub limits: Text,
     pub created_at: Text,
+    pub thread_id: Option<Text>,
+    /// JSON; `None` for no metadata.
+    pub metadata: Option<Text>,
+    pub idempotency_key: Option<Text>,
+    pub request_fingerprint: Option<Text>,
 }
 
 /// The columns of a run that commits change, with the counters that number its
@@ -96,6 +101,10 @@ impl Job {
             input: run.input.as_str().into(),
             limits: json(&run.limits)?.into(),
             created_at: stamp(run.created_at).into(),
+            thread_id: run.thread_id.map(|id| id.to_string().into()),
+            metadata: if run.metadata.is_empty() { None } else { Some(json(&run.metadata)?.into()) },
+            idempotency_key: run.idempotency.as_ref().map(|idempotency| idempotency.key.as_str().into()),
+            request_fingerprint: run.idempotency.as_ref().map(|idempotency| idempotency.fingerprint.as_str().into()),
         };
         let state = RunState {
             key: 0,
@@ -111,7 +120,7 @@ impl Job {
             document_count: 0,
             updated_at: stamp(run.updated_at).into(),
         };
-        Ok(Job::Create { run_id: run.run_id, fixed, state, events: encode_events(events, |_| None)? })
+        Ok(Job::Create { run_id: run.run_id, fixed: Box::new(fixed), state, events: encode_events(events, |_| None)? })
     }
 
     /// Encodes a commit; its events must be contiguous among themselves (whether
@@ -354,7 +363,7 @@ fn accept(
             *next_key += 1;
             let slot = Slot {
                 state: RunState { key, ..state.clone() },
-                created: Some(fixed.clone()),
+                created: Some(Fixed::clone(fixed)),
                 touched: true,
                 full_update: true,
                 carried: false,

@@ -47,8 +47,11 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use troupe_actors::protocol::{Plan, RunEvent, RunId};
-use troupe_actors::store::{Commit, RunQuery, RunRecord, RunSnapshot, RunStore, StoreError};
+use troupe_actors::protocol::{Plan, RunEvent, RunId, ThreadId};
+use troupe_actors::store::{
+    Commit, Idempotency, Metadata, RunQuery, RunRecord, RunSnapshot, RunStore, StoreError, ThreadQuery, ThreadRecord,
+    ThreadStore,
+};
 
 use crate::store::encode::{read_batch, stamp};
 use crate::store::group::Job;
@@ -71,6 +74,7 @@ const SQLITE_MIGRATIONS: &[(i64, &str)] = &[
     (5, include_str!("../../migrations/sqlite/0005_ended_at.sql")),
     (6, include_str!("../../migrations/sqlite/0006_progress_on_commits.sql")),
     (7, include_str!("../../migrations/sqlite/0007_run_keys.sql")),
+    (8, include_str!("../../migrations/sqlite/0008_threads.sql")),
 ];
 const POSTGRES_MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../../migrations/postgres/0001_runs.sql")),
@@ -80,6 +84,7 @@ const POSTGRES_MIGRATIONS: &[(i64, &str)] = &[
     (5, include_str!("../../migrations/postgres/0005_ended_at.sql")),
     (6, include_str!("../../migrations/postgres/0006_progress_on_commits.sql")),
     (7, include_str!("../../migrations/postgres/0007_run_keys.sql")),
+    (8, include_str!("../../migrations/postgres/0008_threads.sql")),
 ];
 
 /// The page size of a SQLite database the store creates.
@@ -316,11 +321,47 @@ fn run_from_row(row: &impl Columns) -> Result<RunRecord, StoreError> {
         final_output: row.optional("final_output")?,
         created_at: time(&row.text("created_at")?)?,
         updated_at: time(&row.text("updated_at")?)?,
+        thread_id: row.optional("thread_id")?.map(|id| id.parse()).transpose().map_err(|_| bad_thread_id())?,
+        metadata: metadata_from(row.optional("metadata")?)?,
+        idempotency: idempotency_from(row)?,
+    })
+}
+
+fn bad_thread_id() -> StoreError {
+    StoreError::Backend("bad stored thread id".to_owned())
+}
+
+fn metadata_from(text: Option<String>) -> Result<Metadata, StoreError> {
+    text.map(|text| parse(&text)).transpose().map(Option::unwrap_or_default)
+}
+
+/// The idempotency key a run or thread row was created under, if any.
+fn idempotency_from(row: &impl Columns) -> Result<Option<Idempotency>, StoreError> {
+    Ok(match (row.optional("idempotency_key")?, row.optional("request_fingerprint")?) {
+        (Some(key), Some(fingerprint)) => Some(Idempotency { key, fingerprint }),
+        _ => None,
+    })
+}
+
+/// The columns of a `threads` row, decoded.
+fn thread_from_row(row: &impl Columns) -> Result<ThreadRecord, StoreError> {
+    Ok(ThreadRecord {
+        thread_id: row.text("thread_id")?.parse().map_err(|_| bad_thread_id())?,
+        tenant: row.text("tenant")?,
+        agent: row.text("agent")?,
+        metadata: metadata_from(row.optional("metadata")?)?,
+        created_at: time(&row.text("created_at")?)?,
+        updated_at: time(&row.text("updated_at")?)?,
+        idempotency: idempotency_from(row)?,
     })
 }
 
 const RUN_COLUMNS: &str = "run_id, tenant, parent_run_id, agent, input, limits, status, reason, turn, usage, \
-                           final_output, created_at, updated_at";
+                           final_output, created_at, updated_at, thread_id, metadata, idempotency_key, \
+                           request_fingerprint";
+
+const THREAD_COLUMNS: &str =
+    "thread_id, tenant, agent, metadata, idempotency_key, request_fingerprint, created_at, updated_at";
 
 #[async_trait]
 impl RunStore for SqlStore {
@@ -425,20 +466,34 @@ impl RunStore for SqlStore {
     }
 
     async fn list_runs(&self, query: RunQuery) -> Result<Vec<RunRecord>, StoreError> {
-        with_pool!(self, |pool, _postgres| {
-            let sql = sqlx::AssertSqlSafe(format!(
+        with_pool!(self, |pool, postgres| {
+            let mut sql = format!(
                 "SELECT {RUN_COLUMNS} FROM runs_now WHERE ($1 IS NULL OR tenant = $1) AND ($2 IS NULL OR status = $2) \
-                 AND ($4 IS NULL OR run_id < $4) ORDER BY run_id DESC LIMIT $3"
-            ));
+                 AND ($4 IS NULL OR run_id < $4) AND ($5 IS NULL OR thread_id = $5)"
+            );
+            // Each metadata filter: a key (checked by `filterable_key`, and bound)
+            // with the string value it must have.
+            for index in 0..query.metadata.len() {
+                let (key, value) = (6 + 2 * index, 7 + 2 * index);
+                if postgres {
+                    sql.push_str(&format!(" AND (metadata::jsonb ->> ${key}) = ${value}"));
+                } else {
+                    sql.push_str(&format!(" AND json_extract(metadata, ${key}) = ${value}"));
+                }
+            }
+            sql.push_str(" ORDER BY run_id DESC LIMIT $3");
             // Run ids are UUIDv7: by their text, newest last, as by their bytes.
-            let rows = sqlx::query(sql)
+            let mut select = sqlx::query(sqlx::AssertSqlSafe(sql))
                 .bind(query.tenant.clone())
                 .bind(query.status.map(|status| status.as_str().to_owned()))
                 .bind(query.limit.min(i64::MAX as usize) as i64)
                 .bind(query.after.map(|after| after.to_string()))
-                .fetch_all(pool)
-                .await
-                .map_err(backend)?;
+                .bind(query.thread_id.map(|thread| thread.to_string()));
+            for (key, value) in &query.metadata {
+                let key = if postgres { key.clone() } else { format!("$.\"{key}\"") };
+                select = select.bind(key).bind(value.clone());
+            }
+            let rows = select.fetch_all(pool).await.map_err(backend)?;
             rows.iter().map(run_from_row).collect()
         })
     }
@@ -493,6 +548,156 @@ impl RunStore for SqlStore {
                 Some(_) => Ok(false),
                 None => Err(StoreError::NotFound(run_id)),
             }
+        })
+    }
+
+    fn threads(&self) -> &dyn ThreadStore {
+        self
+    }
+}
+
+#[async_trait]
+impl ThreadStore for SqlStore {
+    async fn run_by_idempotency_key(
+        &self,
+        tenant: &str,
+        key: &str,
+        since: DateTime<Utc>,
+    ) -> Result<Option<(RunRecord, String)>, StoreError> {
+        with_pool!(self, |pool, _postgres| {
+            let sql = sqlx::AssertSqlSafe(format!(
+                "SELECT {RUN_COLUMNS} FROM runs_now WHERE tenant = $1 AND idempotency_key = $2 AND created_at >= $3 \
+                 ORDER BY run_id DESC LIMIT 1"
+            ));
+            let row = sqlx::query(sql).bind(tenant).bind(key).bind(stamp(since)).fetch_optional(pool).await;
+            let Some(row) = row.map_err(backend)? else { return Ok(None) };
+            let run = run_from_row(&row)?;
+            let fingerprint = run.idempotency.as_ref().map(|idempotency| idempotency.fingerprint.clone());
+            Ok(fingerprint.map(|fingerprint| (run, fingerprint)))
+        })
+    }
+
+    async fn create_thread(&self, thread: ThreadRecord) -> Result<(), StoreError> {
+        let metadata = if thread.metadata.is_empty() { None } else { Some(encode::json(&thread.metadata)?) };
+        let idempotency = thread.idempotency.as_ref();
+        with_pool!(self, |pool, _postgres| {
+            sqlx::query(
+                "INSERT INTO threads (thread_id, tenant, agent, metadata, idempotency_key, request_fingerprint, \
+                 created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+            )
+            .bind(thread.thread_id.to_string())
+            .bind(&thread.tenant)
+            .bind(&thread.agent)
+            .bind(metadata.clone())
+            .bind(idempotency.map(|idempotency| idempotency.key.clone()))
+            .bind(idempotency.map(|idempotency| idempotency.fingerprint.clone()))
+            .bind(stamp(thread.created_at))
+            .bind(stamp(thread.updated_at))
+            .execute(pool)
+            .await
+            .map(drop)
+            .map_err(backend)
+        })
+    }
+
+    async fn get_thread(&self, thread_id: ThreadId) -> Result<Option<ThreadRecord>, StoreError> {
+        with_pool!(self, |pool, _postgres| {
+            let sql = sqlx::AssertSqlSafe(format!("SELECT {THREAD_COLUMNS} FROM threads WHERE thread_id = $1"));
+            let row = sqlx::query(sql).bind(thread_id.to_string()).fetch_optional(pool).await.map_err(backend)?;
+            row.as_ref().map(thread_from_row).transpose()
+        })
+    }
+
+    async fn thread_by_idempotency_key(
+        &self,
+        tenant: &str,
+        key: &str,
+        since: DateTime<Utc>,
+    ) -> Result<Option<(ThreadRecord, String)>, StoreError> {
+        with_pool!(self, |pool, _postgres| {
+            let sql = sqlx::AssertSqlSafe(format!(
+                "SELECT {THREAD_COLUMNS} FROM threads WHERE tenant = $1 AND idempotency_key = $2 AND created_at >= $3 \
+                 ORDER BY thread_id DESC LIMIT 1"
+            ));
+            let row = sqlx::query(sql).bind(tenant).bind(key).bind(stamp(since)).fetch_optional(pool).await;
+            let Some(row) = row.map_err(backend)? else { return Ok(None) };
+            let thread = thread_from_row(&row)?;
+            let fingerprint = thread.idempotency.as_ref().map(|idempotency| idempotency.fingerprint.clone());
+            Ok(fingerprint.map(|fingerprint| (thread, fingerprint)))
+        })
+    }
+
+    async fn list_threads(&self, query: ThreadQuery) -> Result<Vec<ThreadRecord>, StoreError> {
+        with_pool!(self, |pool, _postgres| {
+            let sql = sqlx::AssertSqlSafe(format!(
+                "SELECT {THREAD_COLUMNS} FROM threads WHERE ($1 IS NULL OR tenant = $1) \
+                 AND ($2 IS NULL OR thread_id < $2) ORDER BY thread_id DESC LIMIT $3"
+            ));
+            let rows = sqlx::query(sql)
+                .bind(query.tenant.clone())
+                .bind(query.after.map(|after| after.to_string()))
+                .bind(query.limit.min(i64::MAX as usize) as i64)
+                .fetch_all(pool)
+                .await
+                .map_err(backend)?;
+            rows.iter().map(thread_from_row).collect()
+        })
+    }
+
+    async fn update_thread(
+        &self,
+        thread_id: ThreadId,
+        metadata: Metadata,
+        now: DateTime<Utc>,
+    ) -> Result<Option<ThreadRecord>, StoreError> {
+        let encoded = if metadata.is_empty() { None } else { Some(encode::json(&metadata)?) };
+        with_pool!(self, |pool, _postgres| {
+            sqlx::query("UPDATE threads SET metadata = $2, updated_at = $3 WHERE thread_id = $1")
+                .bind(thread_id.to_string())
+                .bind(encoded.clone())
+                .bind(stamp(now))
+                .execute(pool)
+                .await
+                .map(drop)
+                .map_err(backend)
+        })?;
+        self.get_thread(thread_id).await
+    }
+
+    async fn delete_thread(&self, thread_id: ThreadId) -> Result<bool, StoreError> {
+        let id = thread_id.to_string();
+        with_pool!(self, |pool, postgres| {
+            // SQLite: a write transaction from the start (a read one could not
+            // become one while the writer writes).
+            let mut tx = pool.begin_with(if postgres { "BEGIN" } else { "BEGIN IMMEDIATE" }).await.map_err(backend)?;
+            let found: Option<String> = sqlx::query_scalar("SELECT thread_id FROM threads WHERE thread_id = $1")
+                .bind(&id)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(backend)?;
+            if found.is_none() {
+                return Err(StoreError::ThreadNotFound(thread_id));
+            }
+            let unfinished: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM runs WHERE thread_id = $1 AND status NOT IN ('succeeded', 'failed', 'cancelled')",
+            )
+            .bind(&id)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(backend)?;
+            if unfinished > 0 {
+                return Ok(false);
+            }
+            // The runs' children go with them (ON DELETE CASCADE); the writer holds
+            // no ended run.
+            sqlx::query("DELETE FROM runs WHERE thread_id = $1").bind(&id).execute(&mut *tx).await.map_err(backend)?;
+            sqlx::query("DELETE FROM threads WHERE thread_id = $1")
+                .bind(&id)
+                .execute(&mut *tx)
+                .await
+                .map_err(backend)?;
+            tx.commit().await.map_err(backend)?;
+            Ok(true)
         })
     }
 }

@@ -263,6 +263,7 @@ macro_rules! write_rows {
             |(_, fixed, state): &(RunId, Fixed, RunState)| fixed.run_id.len()
                 + fixed.input.len()
                 + fixed.limits.len()
+                + fixed.metadata.as_ref().map_or(0, |text| text.len())
                 + state.usage.len()
                 + state.final_output.as_ref().map_or(0, |text| text.len())
                 + state.reason.as_ref().map_or(0, |text| text.len())
@@ -270,7 +271,7 @@ macro_rules! write_rows {
             &format!(
                 "INSERT {or}INTO runs (run_key, run_id, tenant, parent_run_id, agent, input, limits, status, reason, \
              turn, usage, final_output, last_seq, message_count, tool_count, document_count, created_at, updated_at, \
-             ended_at) "
+             ended_at, thread_id, metadata, idempotency_key, request_fingerprint) "
             ),
             "",
             |row, (_, fixed, state)| {
@@ -293,6 +294,10 @@ macro_rules! write_rows {
                     .push_bind(fixed.created_at.clone())
                     .push_bind(state.updated_at.clone())
                     .push_bind(ended_at(state))
+                    .push_bind(fixed.thread_id.clone())
+                    .push_bind(fixed.metadata.clone())
+                    .push_bind(fixed.idempotency_key.clone())
+                    .push_bind(fixed.request_fingerprint.clone())
             }
         );
         insert_rows!(

@@ -59,7 +59,10 @@ async fn runs_survive_repeated_kill_9_without_loss_or_repeated_side_effects() {
     finish(troupe(&["resume"])).await;
 
     let store = SqlStore::connect(store_url).await.unwrap();
-    let runs = store.list_runs(RunQuery { tenant: None, status: None, limit: 10_000, after: None }).await.unwrap();
+    let runs = store
+        .list_runs(RunQuery { tenant: None, status: None, limit: 10_000, after: None, ..RunQuery::default() })
+        .await
+        .unwrap();
     assert_eq!(runs.len(), kills, "every submitted run is kept");
     let lines = std::fs::read_to_string(journal).unwrap_or_default();
     let mut written: HashMap<String, usize> = HashMap::new();
@@ -118,7 +121,10 @@ async fn a_committed_model_reply_is_not_requested_again_after_kill_9() {
     assert_eq!(turns_asked, vec![0, 1, 1], "turn 1 was asked once; only the unanswered turn 2 was asked again");
     assert_eq!(std::fs::read_to_string(journal).unwrap().lines().count(), 1);
     let store = SqlStore::connect(store_url).await.unwrap();
-    let runs = store.list_runs(RunQuery { tenant: None, status: None, limit: 10, after: None }).await.unwrap();
+    let runs = store
+        .list_runs(RunQuery { tenant: None, status: None, limit: 10, after: None, ..RunQuery::default() })
+        .await
+        .unwrap();
     assert_eq!(runs.len(), 1);
     assert_eq!(runs[0].status, RunStatus::Succeeded);
     assert_eq!(runs[0].final_output.as_deref(), Some("Done."));
@@ -235,7 +241,10 @@ async fn a_triage_run_killed_between_steps_resumes_without_sending_twice() {
     finish(troupe(&["resume"])).await;
 
     let store = SqlStore::connect(&sandbox.store_url).await.unwrap();
-    let runs = store.list_runs(RunQuery { tenant: None, status: None, limit: 100, after: None }).await.unwrap();
+    let runs = store
+        .list_runs(RunQuery { tenant: None, status: None, limit: 100, after: None, ..RunQuery::default() })
+        .await
+        .unwrap();
     assert_eq!(runs.len(), rounds);
     let outbox = troupe::email::Mailbox::new(troupe::email::MailboxOptions {
         path: dir.join("tenants/default/mailbox.db"),

@@ -16,10 +16,11 @@ use troupe_actors::config::{AgentConfig, RuntimeConfig};
 use troupe_actors::llm::ModelRegistry;
 use troupe_actors::protocol::{
     CallStatus, EventKind, Fragment, Limits, Plan, Recommendation, Review, ReviewStatus, RunEvent, RunId, RunStatus,
-    TaskStatus, TodoItem, ToolCall, ToolExecutionRecord, Usage,
+    TaskStatus, ThreadId, TodoItem, ToolCall, ToolExecutionRecord, Usage,
 };
 use troupe_actors::store::{
-    Commit, MemoryStore, RunQuery, RunRecord, RunSnapshot, RunStore, StoreError, StoreWrite, StoredMessage,
+    Commit, Idempotency, MemoryStore, Metadata, RunQuery, RunRecord, RunSnapshot, RunStore, StoreError, StoreWrite,
+    StoredMessage, ThreadQuery, ThreadRecord,
 };
 use troupe_actors::testing::{EchoTool, LedgerTool, ScriptedModel, calls, text, todo};
 use troupe_actors::tool::ToolRegistry;
@@ -190,15 +191,35 @@ async fn contract(store: Arc<dyn RunStore>) {
     assert_eq!(store.unfinished_runs().await.unwrap(), vec![run_id, other], "queued runs are unfinished");
     let start = vec![StoreWrite::Status { status: RunStatus::Running, reason: None }];
     store.commit(&Commit { run_id: other, writes: start, events: vec![] }).await.unwrap();
-    let acme =
-        store.list_runs(RunQuery { tenant: Some("acme".into()), status: None, limit: 10, after: None }).await.unwrap();
+    let acme = store
+        .list_runs(RunQuery {
+            tenant: Some("acme".into()),
+            status: None,
+            limit: 10,
+            after: None,
+            ..RunQuery::default()
+        })
+        .await
+        .unwrap();
     assert_eq!(acme.iter().map(|r| r.run_id).collect::<Vec<_>>(), vec![run_id]);
     let all_runs = store
-        .list_runs(RunQuery { tenant: None, status: Some(RunStatus::Running), limit: 10, after: None })
+        .list_runs(RunQuery {
+            tenant: None,
+            status: Some(RunStatus::Running),
+            limit: 10,
+            after: None,
+            ..RunQuery::default()
+        })
         .await
         .unwrap();
     assert_eq!(all_runs.iter().map(|r| r.run_id).collect::<Vec<_>>(), vec![other, run_id]);
-    let older = RunQuery { tenant: None, status: Some(RunStatus::Running), limit: 10, after: Some(other) };
+    let older = RunQuery {
+        tenant: None,
+        status: Some(RunStatus::Running),
+        limit: 10,
+        after: Some(other),
+        ..RunQuery::default()
+    };
     let older = store.list_runs(older).await.unwrap();
     assert_eq!(older.iter().map(|r| r.run_id).collect::<Vec<_>>(), vec![run_id], "after: only older runs");
     assert_eq!(store.unfinished_runs().await.unwrap(), vec![run_id, other]);
@@ -283,7 +304,13 @@ async fn progress_is_read_back(store: &dyn RunStore, run_id: RunId) {
     let texts: Vec<String> = snapshot.messages.iter().map(|m| m.message.content.clone()).collect();
     assert_eq!(texts, vec!["one", "two", "three"], "numbered in order across both kinds of commit");
     let listed = store
-        .list_runs(RunQuery { tenant: Some("globex".into()), status: None, limit: 10, after: None })
+        .list_runs(RunQuery {
+            tenant: Some("globex".into()),
+            status: None,
+            limit: 10,
+            after: None,
+            ..RunQuery::default()
+        })
         .await
         .unwrap();
     assert_eq!(listed.iter().map(|run| (run.run_id, run.turn)).collect::<Vec<_>>(), vec![(run_id, 2)]);
@@ -343,22 +370,135 @@ async fn a_reopened_postgres_store_continues_its_runs() {
     }
 }
 
+/// What every store must do with threads, a run's thread and metadata, and
+/// idempotency keys.
+async fn thread_contract(store: Arc<dyn RunStore>) {
+    let threads = store.threads();
+    let metadata = |pairs: &[(&str, serde_json::Value)]| -> Metadata {
+        pairs.iter().map(|(key, value)| ((*key).to_owned(), value.clone())).collect()
+    };
+    let thread = |tenant: &str, key: Option<&str>| ThreadRecord {
+        thread_id: ThreadId::new(),
+        tenant: tenant.into(),
+        agent: "agent".into(),
+        metadata: metadata(&[("user", json!("ada")), ("priority", json!(2))]),
+        created_at: Utc::now(),
+        updated_at: Utc::now(),
+        idempotency: key.map(|key| Idempotency { key: key.into(), fingerprint: format!("print-{key}") }),
+    };
+    let first = thread("acme", Some("k1"));
+    let second = thread("acme", None);
+    let other = thread("globex", Some("k1"));
+    for created in [&first, &second, &other] {
+        threads.create_thread(created.clone()).await.unwrap();
+    }
+    let stored = threads.get_thread(first.thread_id).await.unwrap().unwrap();
+    assert_eq!((stored.thread_id, &stored.tenant, &stored.metadata), (first.thread_id, &first.tenant, &first.metadata));
+    assert_eq!(threads.get_thread(ThreadId::new()).await.unwrap(), None);
+
+    // Pages, newest first, of one tenant.
+    let page = |after| ThreadQuery { tenant: Some("acme".into()), limit: 1, after };
+    let newest = threads.list_threads(page(None)).await.unwrap();
+    assert_eq!(newest.iter().map(|t| t.thread_id).collect::<Vec<_>>(), vec![second.thread_id]);
+    let older = threads.list_threads(page(Some(second.thread_id))).await.unwrap();
+    assert_eq!(older.iter().map(|t| t.thread_id).collect::<Vec<_>>(), vec![first.thread_id]);
+    assert!(threads.list_threads(page(Some(first.thread_id))).await.unwrap().is_empty());
+
+    // Idempotency keys are per tenant and within the window.
+    let since = Utc::now() - chrono::TimeDelta::hours(24);
+    let found = threads.thread_by_idempotency_key("acme", "k1", since).await.unwrap().unwrap();
+    assert_eq!((found.0.thread_id, found.1.as_str()), (first.thread_id, "print-k1"));
+    assert!(threads.thread_by_idempotency_key("acme", "k2", since).await.unwrap().is_none());
+    let later = Utc::now() + chrono::TimeDelta::seconds(5);
+    assert!(threads.thread_by_idempotency_key("acme", "k1", later).await.unwrap().is_none(), "outside the window");
+
+    let changed = metadata(&[("user", json!("grace"))]);
+    let updated = threads.update_thread(first.thread_id, changed.clone(), Utc::now()).await.unwrap().unwrap();
+    assert_eq!(updated.metadata, changed);
+    assert_eq!(threads.get_thread(first.thread_id).await.unwrap().unwrap().metadata, changed);
+    assert_eq!(threads.update_thread(ThreadId::new(), changed, Utc::now()).await.unwrap(), None);
+
+    // Runs of the thread, with metadata and an idempotency key.
+    let mut runs = Vec::new();
+    for (index, label) in ["inbox", "calendar", "inbox"].into_iter().enumerate() {
+        let run_id = RunId::new();
+        let mut run = record(run_id, "acme");
+        run.thread_id = Some(first.thread_id);
+        run.metadata = metadata(&[("source", json!(label)), ("n", json!(index))]);
+        run.idempotency = Some(Idempotency { key: format!("run-{index}"), fingerprint: format!("f{index}") });
+        store.create_run(run, vec![event(run_id, 1, EventKind::TurnStart { turn: 1 })]).await.unwrap();
+        runs.push(run_id);
+    }
+    let loose = RunId::new();
+    store.create_run(record(loose, "acme"), vec![]).await.unwrap();
+    let read = store.get_run(runs[1]).await.unwrap().unwrap();
+    assert_eq!(read.thread_id, Some(first.thread_id));
+    assert_eq!(read.metadata, metadata(&[("source", json!("calendar")), ("n", json!(1))]));
+    assert_eq!(store.get_run(loose).await.unwrap().unwrap().metadata, Metadata::new(), "no metadata reads as {{}}");
+
+    let listed = |query: RunQuery| {
+        let store = store.clone();
+        async move { store.list_runs(query).await.unwrap().into_iter().map(|run| run.run_id).collect::<Vec<_>>() }
+    };
+    let of_thread = RunQuery { thread_id: Some(first.thread_id), limit: 10, ..RunQuery::default() };
+    assert_eq!(listed(of_thread.clone()).await, vec![runs[2], runs[1], runs[0]]);
+    let inbox = RunQuery { metadata: vec![("source".into(), "inbox".into())], limit: 10, ..RunQuery::default() };
+    assert_eq!(listed(inbox).await, vec![runs[2], runs[0]]);
+    let both = RunQuery {
+        metadata: vec![("source".into(), "inbox".into()), ("user".into(), "x".into())],
+        limit: 10,
+        ..RunQuery::default()
+    };
+    assert!(listed(both).await.is_empty(), "every filter must hold");
+    let found = threads.run_by_idempotency_key("acme", "run-1", since).await.unwrap().unwrap();
+    assert_eq!((found.0.run_id, found.1.as_str()), (runs[1], "f1"));
+    assert!(threads.run_by_idempotency_key("globex", "run-1", since).await.unwrap().is_none());
+
+    // A thread with a run that has not ended is not deleted; once they end, it
+    // goes with its runs (and nothing else).
+    assert_eq!(threads.delete_thread(first.thread_id).await, Ok(false));
+    assert!(threads.get_thread(first.thread_id).await.unwrap().is_some());
+    for run_id in &runs {
+        let end = Commit {
+            run_id: *run_id,
+            writes: vec![StoreWrite::Status { status: RunStatus::Succeeded, reason: None }],
+            events: vec![event(*run_id, 2, EventKind::RunEnd { status: RunStatus::Succeeded, reason: None })],
+        };
+        store.commit(&end).await.unwrap();
+    }
+    assert_eq!(threads.delete_thread(first.thread_id).await, Ok(true));
+    assert_eq!(threads.get_thread(first.thread_id).await.unwrap(), None);
+    for run_id in &runs {
+        assert_eq!(store.get_run(*run_id).await.unwrap(), None);
+    }
+    assert!(store.get_run(loose).await.unwrap().is_some(), "a run of no thread stays");
+    assert!(threads.get_thread(second.thread_id).await.unwrap().is_some(), "other threads stay");
+    assert_eq!(threads.delete_thread(first.thread_id).await, Err(StoreError::ThreadNotFound(first.thread_id)));
+}
+
 #[tokio::test]
 async fn the_memory_store_keeps_the_contract() {
     contract(Arc::new(MemoryStore::new())).await;
+    thread_contract(Arc::new(MemoryStore::new())).await;
 }
 
 #[tokio::test]
 async fn the_sqlite_store_keeps_the_contract() {
     let (store, dir) = sqlite().await;
     contract(Arc::new(store)).await;
+    let (store, threads_dir) = sqlite().await;
+    thread_contract(Arc::new(store)).await;
     let _ = std::fs::remove_dir_all(dir);
+    let _ = std::fs::remove_dir_all(threads_dir);
 }
 
 #[tokio::test]
 async fn the_postgres_store_keeps_the_contract() {
     if let Some(store) = postgres().await {
         contract(Arc::new(store)).await;
+    }
+    if let Some(store) = postgres().await {
+        thread_contract(Arc::new(store)).await;
     }
 }
 

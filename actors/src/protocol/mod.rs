@@ -14,7 +14,7 @@ mod tool;
 pub use event::{EventKind, RunEvent, Thought, ThoughtStage};
 pub use plan::{Plan, TaskStatus, TodoItem};
 pub use review::{Recommendation, Review, ReviewStatus, SuggestedAction};
-pub use run::{Limits, RunId, RunSpec, RunStatus, Usage};
+pub use run::{Limits, RunId, RunSpec, RunStatus, ThreadId, Usage};
 pub use tool::{CallStatus, Citation, Fragment, SkipReason, ToolCall, ToolExecutionRecord, ToolOutcome};
 
 #[cfg(test)]

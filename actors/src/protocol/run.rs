@@ -6,36 +6,52 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-/// A run's id: a UUID v7, so ids sort by creation time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct RunId(pub Uuid);
+/// An id that is a UUID v7 (so ids sort by creation time), with its display,
+/// parsing and serde as the UUID's text.
+macro_rules! uuid_id {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(pub Uuid);
 
-impl RunId {
-    /// A new, time-ordered id.
-    pub fn new() -> Self {
-        Self(Uuid::now_v7())
-    }
+        impl $name {
+            /// A new, time-ordered id.
+            pub fn new() -> Self {
+                Self(Uuid::now_v7())
+            }
+        }
+
+        impl Default for $name {
+            fn default() -> Self {
+                Self::new()
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                self.0.fmt(f)
+            }
+        }
+
+        impl std::str::FromStr for $name {
+            type Err = uuid::Error;
+            fn from_str(text: &str) -> Result<Self, Self::Err> {
+                Uuid::parse_str(text).map(Self)
+            }
+        }
+    };
 }
 
-impl Default for RunId {
-    fn default() -> Self {
-        Self::new()
-    }
-}
+uuid_id!(
+    /// A run's id: a UUID v7, so ids sort by creation time.
+    RunId
+);
 
-impl fmt::Display for RunId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl std::str::FromStr for RunId {
-    type Err = uuid::Error;
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        Uuid::parse_str(text).map(Self)
-    }
-}
+uuid_id!(
+    /// A thread's id (a conversation: runs that follow each other), a UUID v7.
+    ThreadId
+);
 
 /// Per-run bounds. Every loop of a run ends on one of these.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

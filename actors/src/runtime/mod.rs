@@ -8,10 +8,11 @@
 //!
 //! Files: `mod.rs` (the [`Runtime`] and its API), `request.rs` (submissions and
 //! the API's errors), `queue.rs` (starting sessions, and queued runs as slots
-//! free).
+//! free), `threads.rs` (one active run per thread).
 
 mod queue;
 mod request;
+mod threads;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -30,19 +31,23 @@ use crate::events::{self, EventHub};
 use crate::hooks::{HookChain, ToolHook};
 use crate::llm::ModelRegistry;
 use crate::metrics;
+use crate::protocol::ThreadId;
 use crate::protocol::{EventKind, RunEvent, RunId, RunStatus};
 use crate::runtime::queue::{dispatch, start_session};
+use crate::runtime::threads::{Lines, MAX_WAITING_PER_THREAD};
 use crate::session::SessionMsg;
 use crate::shared::{Handles, over_budget};
-use crate::store::{RunRecord, RunSnapshot, RunStore, StoreError};
+use crate::store::{Idempotency, Metadata, RunRecord, RunSnapshot, RunStore, StoreError, ThreadRecord};
 use crate::supervisor::{Supervisor, SupervisorMsg};
+use crate::threads::{INTERRUPTED, MultitaskStrategy, ROLLED_BACK};
 use crate::tool::ToolRegistry;
 use crate::tool_pool::PoolShared;
 
 // Their old paths: these live below the runtime, where sessions use them too.
 pub use crate::run_input::{InputError, RunInput};
 pub use crate::shared::{RuntimeShared, end_run};
-pub use request::{CancelError, RuntimeError, SubmitError, SubmitRequest};
+pub use request::{CancelError, RuntimeError, SubmitError, SubmitRequest, Submitted, ThreadRun};
+pub use threads::MAX_WAITING_PER_THREAD as MAX_RUNS_WAITING_PER_THREAD;
 
 /// What the runtime is built from.
 pub struct Deps {
@@ -65,7 +70,13 @@ pub struct Runtime {
     admission: Arc<Admission>,
     queue: Arc<RunQueue>,
     dispatcher: tokio::task::JoinHandle<()>,
+    lines: Arc<Lines>,
+    /// Requests under one idempotency key are taken one at a time (striped by key).
+    idempotency_locks: Vec<tokio::sync::Mutex<()>>,
 }
+
+/// How long an idempotency key is remembered.
+pub const IDEMPOTENCY_WINDOW: chrono::TimeDelta = chrono::TimeDelta::hours(24);
 
 impl Runtime {
     /// The tool pool, for tests that look at its queue.
@@ -108,7 +119,9 @@ impl Runtime {
         let admission = Arc::new(Admission::new(config.max_active_runs, config.max_active_runs_per_tenant));
         let queue = Arc::new(RunQueue::new(config.max_queued_runs, config.max_queued_runs_per_tenant));
         let dispatcher = tokio::spawn(dispatch(shared.clone(), supervisor.clone(), admission.clone(), queue.clone()));
-        let runtime = Self { shared, supervisor, admission, queue, dispatcher };
+        let lines = Arc::new(Lines::new(shared.clone(), admission.clone(), queue.clone()));
+        let idempotency_locks = (0..64).map(|_| tokio::sync::Mutex::new(())).collect();
+        let runtime = Self { shared, supervisor, admission, queue, dispatcher, lines, idempotency_locks };
         runtime.recover().await?;
         Ok(runtime)
     }
@@ -122,6 +135,21 @@ impl Runtime {
         }
         for run_id in unfinished {
             let Some(run) = self.shared.store.get_run(run_id).await? else { continue };
+            if let Some(thread_id) = run.thread_id {
+                // The oldest unfinished run of a thread is its active one; the
+                // others wait behind it, in order.
+                let line = self.lines.line(thread_id);
+                let mut line = line.lock().await;
+                if line.active.is_some() {
+                    line.waiting.push_back(run_id);
+                    continue;
+                }
+                let queued = (run.status == RunStatus::Queued).then_some(run.tenant.as_str());
+                self.lines.activate(&mut line, thread_id, run_id, queued);
+                if queued.is_some() {
+                    continue;
+                }
+            }
             if run.status == RunStatus::Queued {
                 // It waits its turn again, ahead of anything submitted from now on.
                 let _ = self.queue.push(run_id, &run.tenant, true);
@@ -148,7 +176,97 @@ impl Runtime {
     /// [`Runtime::submit`], returning the run's record as it was created (status
     /// `running` or `queued`) without reading it back from the store.
     pub async fn submit_record(&self, request: SubmitRequest) -> Result<RunRecord, SubmitError> {
-        let SubmitRequest { spec, tenant, parent_run_id } = request;
+        Ok(self.submit_with(request).await?.run)
+    }
+
+    /// [`Runtime::submit_record`], and whether the run was created by an earlier
+    /// request under the same idempotency key (it is then returned as it is
+    /// now, and nothing is created). A run of a thread follows the thread's
+    /// runs (see [`SubmitRequest::thread`]).
+    pub async fn submit_with(&self, request: SubmitRequest) -> Result<Submitted, SubmitError> {
+        let Some(idempotency) = request.idempotency.clone() else {
+            return self.submit_new(request).await;
+        };
+        let _taken = self.idempotency_lock(&request.tenant, &idempotency.key).lock().await;
+        let since = Utc::now() - IDEMPOTENCY_WINDOW;
+        let earlier =
+            self.shared.store.threads().run_by_idempotency_key(&request.tenant, &idempotency.key, since).await?;
+        match earlier {
+            Some((run, fingerprint)) if fingerprint == idempotency.fingerprint => {
+                let run = self.shared.store.get_run(run.run_id).await?.unwrap_or(run);
+                Ok(Submitted { run, replayed: true })
+            }
+            Some(_) => Err(SubmitError::IdempotencyKeyReused),
+            None => self.submit_new(request).await,
+        }
+    }
+
+    /// The lock of the stripe `(tenant, key)` falls in (always the same one).
+    fn idempotency_lock(&self, tenant: &str, key: &str) -> &tokio::sync::Mutex<()> {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::hash::DefaultHasher::new();
+        (tenant, key).hash(&mut hasher);
+        &self.idempotency_locks[(hasher.finish() % self.idempotency_locks.len() as u64) as usize]
+    }
+
+    async fn submit_new(&self, request: SubmitRequest) -> Result<Submitted, SubmitError> {
+        let run = match request.thread {
+            Some(thread) => self.submit_to_thread(request, thread).await?,
+            None => self.create(request, false).await?,
+        };
+        Ok(Submitted { run, replayed: false })
+    }
+
+    /// A message to a thread: a run that starts now if the thread has no active
+    /// run, and otherwise as `strategy` says.
+    async fn submit_to_thread(&self, mut request: SubmitRequest, thread: ThreadRun) -> Result<RunRecord, SubmitError> {
+        let thread_id = thread.thread_id;
+        let stored = self.shared.store.threads().get_thread(thread_id).await?;
+        let Some(stored) = stored.filter(|stored| stored.tenant == request.tenant) else {
+            return Err(SubmitError::UnknownThread);
+        };
+        if request.spec.agent.is_empty() {
+            request.spec.agent = stored.agent;
+        }
+        let line = self.lines.line(thread_id);
+        let mut line = line.lock().await;
+        self.lines.start_next(&mut line, thread_id).await;
+        let Some(active) = line.active else {
+            let run = self.create(request, false).await?;
+            if !run.status.is_terminal() {
+                self.lines.activate(&mut line, thread_id, run.run_id, None);
+            }
+            self.lines.announce(thread_id);
+            return Ok(run);
+        };
+        let reason = match thread.strategy {
+            MultitaskStrategy::Reject => return Err(SubmitError::ThreadBusy { active_run_id: active }),
+            MultitaskStrategy::Enqueue => None,
+            MultitaskStrategy::Interrupt => Some(INTERRUPTED),
+            MultitaskStrategy::Rollback => Some(ROLLED_BACK),
+        };
+        if line.waiting.len() >= MAX_WAITING_PER_THREAD {
+            return Err(SubmitError::ThreadQueueFull { limit: MAX_WAITING_PER_THREAD });
+        }
+        let run = self.create(request, true).await?;
+        line.waiting.push_back(run.run_id);
+        drop(line);
+        self.lines.announce(thread_id);
+        if let Some(reason) = reason {
+            // The new run is durable first: if this cancel is lost, the active run
+            // finishes and the new one follows it.
+            match self.cancel_because(active, reason.to_owned()).await {
+                Ok(()) | Err(CancelError::AlreadyEnded(_) | CancelError::NotFound) => {}
+                Err(error) => warn!(run_id = %active, %error, "could not cancel a thread's active run"),
+            }
+        }
+        Ok(run)
+    }
+
+    /// Creates a run: it starts now (or waits in the run queue for a slot), or,
+    /// with `hold`, is stored `queued` and waits on its thread.
+    async fn create(&self, request: SubmitRequest, hold: bool) -> Result<RunRecord, SubmitError> {
+        let SubmitRequest { spec, tenant, parent_run_id, thread, metadata, idempotency } = request;
         let Some(agent) = self.shared.agents.get(&spec.agent) else {
             metrics::admission_rejected("unknown_agent");
             return Err(SubmitError::UnknownAgent(spec.agent));
@@ -160,12 +278,15 @@ impl Runtime {
         if !self.accepting() {
             return Err(SubmitError::Unavailable);
         }
-        let permit = self.admit(&tenant)?;
+        let permit = if hold { None } else { self.admit(&tenant)? };
         let run_id = RunId::new();
         let now = Utc::now();
         let mut record =
             RunRecord::accepted(run_id, tenant.clone(), spec.agent.clone(), spec.input.clone(), limits, now);
         record.parent_run_id = parent_run_id;
+        record.thread_id = thread.map(|thread| thread.thread_id);
+        record.metadata = metadata;
+        record.idempotency = idempotency;
         if permit.is_none() {
             record.status = RunStatus::Queued;
         }
@@ -191,6 +312,9 @@ impl Runtime {
         self.shared.store.create_run(record, events).await?;
         metrics::run_started(&spec.agent);
         let Some(permit) = permit else {
+            if hold {
+                return Ok(created_record);
+            }
             // Stored as queued before it is queued, so the dispatcher always finds
             // it. Concurrent submissions may pass `has_room` together and overfill
             // the queue by at most their number.
@@ -206,6 +330,98 @@ impl Runtime {
             return Err(error);
         }
         Ok(created_record)
+    }
+
+    /// Creates a thread of `tenant` whose runs go to `agent` unless they name
+    /// another; with an idempotency key, a request repeated within 24 hours
+    /// returns the thread the first created (`true`: replayed).
+    pub async fn create_thread(
+        &self,
+        tenant: String,
+        agent: String,
+        metadata: Metadata,
+        idempotency: Option<Idempotency>,
+    ) -> Result<(ThreadRecord, bool), SubmitError> {
+        if !self.shared.agents.contains_key(&agent) {
+            return Err(SubmitError::UnknownAgent(agent));
+        }
+        let threads = self.shared.store.threads();
+        let _taken = match &idempotency {
+            Some(idempotency) => {
+                let taken = self.idempotency_lock(&tenant, &idempotency.key).lock().await;
+                let since = Utc::now() - IDEMPOTENCY_WINDOW;
+                match threads.thread_by_idempotency_key(&tenant, &idempotency.key, since).await? {
+                    Some((thread, fingerprint)) if fingerprint == idempotency.fingerprint => {
+                        return Ok((thread, true));
+                    }
+                    Some(_) => return Err(SubmitError::IdempotencyKeyReused),
+                    None => Some(taken),
+                }
+            }
+            None => None,
+        };
+        let now = Utc::now();
+        let thread = ThreadRecord {
+            thread_id: ThreadId::new(),
+            tenant,
+            agent,
+            metadata,
+            created_at: now,
+            updated_at: now,
+            idempotency,
+        };
+        threads.create_thread(thread.clone()).await?;
+        Ok((thread, false))
+    }
+
+    /// The thread's runs, oldest first.
+    pub async fn thread_runs(&self, thread_id: ThreadId) -> Result<Vec<RunRecord>, StoreError> {
+        self.lines.runs(thread_id).await
+    }
+
+    /// Deletes a thread with its runs: those that have not ended are cancelled
+    /// first (the waiting ones before the active one, so none starts).
+    pub async fn delete_thread(&self, thread_id: ThreadId) -> Result<(), CancelError> {
+        let line = self.lines.line(thread_id);
+        let mut guard = line.lock().await;
+        let waiting: Vec<RunId> = guard.waiting.drain(..).collect();
+        let active = guard.active;
+        drop(guard);
+        let unfinished = self.thread_runs(thread_id).await?.into_iter().filter(|run| !run.status.is_terminal());
+        let mut order: Vec<RunId> = waiting;
+        order.extend(unfinished.map(|run| run.run_id).filter(|run_id| Some(*run_id) != active));
+        order.extend(active);
+        for run_id in order {
+            match self.cancel_because(run_id, "its thread was deleted".to_owned()).await {
+                Ok(()) | Err(CancelError::AlreadyEnded(_) | CancelError::NotFound) => {}
+                Err(error) => return Err(error),
+            }
+        }
+        match self.shared.store.threads().delete_thread(thread_id).await {
+            Ok(true) | Err(StoreError::ThreadNotFound(_)) => Ok(()),
+            // A run was added as it was deleted: it is refused now, and the
+            // client may try again.
+            Ok(false) => Err(CancelError::Unavailable),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// Every event of the thread's runs, run after run, from the event after
+    /// `after` (a run and a seq; `None`: from the start), then live, also of runs
+    /// started later. It ends when the thread is deleted or the runtime stops.
+    pub fn subscribe_thread(
+        &self,
+        thread_id: ThreadId,
+        after: Option<(RunId, u64)>,
+    ) -> BoxStream<'static, Result<Arc<RunEvent>, StoreError>> {
+        let (sender, receiver) = tokio::sync::mpsc::channel(64);
+        let lines = self.lines.clone();
+        tokio::spawn(async move { lines.follow_thread(thread_id, after, sender).await });
+        futures::stream::unfold(
+            receiver,
+            |mut receiver| async move { receiver.recv().await.map(|event| (event, receiver)) },
+        )
+        .boxed()
     }
 
     /// A slot for a run of `tenant` submitted now, or `None` if it is to wait in
@@ -299,6 +515,11 @@ impl Runtime {
 
     /// Cancels a run; returns once `run_end` is committed.
     pub async fn cancel(&self, run_id: RunId) -> Result<(), CancelError> {
+        self.cancel_because(run_id, "cancelled by the client".to_owned()).await
+    }
+
+    /// Cancels a run, its end giving `reason`; returns once `run_end` is committed.
+    async fn cancel_because(&self, run_id: RunId, reason: String) -> Result<(), CancelError> {
         if self.queue.remove(run_id) {
             metrics::runs_queued(self.queue.len());
         }
@@ -309,7 +530,7 @@ impl Runtime {
             return Err(CancelError::AlreadyEnded(run.status));
         }
         match self.session(run_id).await.map_err(|_| CancelError::Unavailable)? {
-            Some(session) => match ractor::call!(session, |reply| SessionMsg::Cancel { reply }) {
+            Some(session) => match ractor::call!(session, |reply| SessionMsg::Cancel { reason, reply }) {
                 Ok(()) => Ok(()),
                 // The session stopped as the cancel came: the run just ended.
                 Err(_) => match self.shared.store.get_run(run_id).await? {
@@ -317,9 +538,7 @@ impl Runtime {
                     _ => Err(CancelError::Unavailable),
                 },
             },
-            None => {
-                Ok(end_run(&self.shared, run_id, RunStatus::Cancelled, "cancelled by the client".to_owned()).await?)
-            }
+            None => Ok(end_run(&self.shared, run_id, RunStatus::Cancelled, reason).await?),
         }
     }
 

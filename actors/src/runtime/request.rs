@@ -1,8 +1,9 @@
 //! What a caller hands the runtime ([`SubmitRequest`]) and why the runtime may
 //! refuse it: the errors of starting, submitting and cancelling.
 
-use crate::protocol::{RunId, RunSpec, RunStatus};
-use crate::store::StoreError;
+use crate::protocol::{RunId, RunSpec, RunStatus, ThreadId};
+use crate::store::{Idempotency, Metadata, RunRecord, StoreError};
+use crate::threads::MultitaskStrategy;
 
 /// A submission.
 #[derive(Debug, Clone)]
@@ -13,14 +14,49 @@ pub struct SubmitRequest {
     pub tenant: String,
     /// The run this one serves as a sub-run, if any.
     pub parent_run_id: Option<RunId>,
+    /// The thread this run is a message of: it sees what was said in the
+    /// thread's runs before it, and starts once they have ended. An empty agent
+    /// in `spec` means the thread's.
+    pub thread: Option<ThreadRun>,
+    /// The client's labels.
+    pub metadata: Metadata,
+    /// Its idempotency key: a request under a key already used by this tenant
+    /// in the last 24 hours returns that run (same request) or is refused.
+    pub idempotency: Option<Idempotency>,
+}
+
+/// A run's place in a thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ThreadRun {
+    /// The thread.
+    pub thread_id: ThreadId,
+    /// What happens if the thread has an active run.
+    pub strategy: MultitaskStrategy,
 }
 
 impl SubmitRequest {
     /// A request of the `default` tenant.
     pub fn new(agent: impl Into<String>, input: impl Into<String>) -> Self {
         let spec = RunSpec { agent: agent.into(), input: input.into(), limits: None };
-        Self { spec, tenant: "default".to_owned(), parent_run_id: None }
+        Self {
+            spec,
+            tenant: "default".to_owned(),
+            parent_run_id: None,
+            thread: None,
+            metadata: Metadata::new(),
+            idempotency: None,
+        }
     }
+}
+
+/// A run accepted, or found as an earlier request under the same idempotency
+/// key created it.
+#[derive(Debug, Clone)]
+pub struct Submitted {
+    /// The run.
+    pub run: RunRecord,
+    /// Whether it was created by an earlier request.
+    pub replayed: bool,
 }
 
 /// Why the runtime could not start.
@@ -61,6 +97,24 @@ pub enum SubmitError {
     /// The runtime is stopping or broken.
     #[error("the runtime is not accepting runs")]
     Unavailable,
+    /// No such thread for this tenant.
+    #[error("thread not found")]
+    UnknownThread,
+    /// The thread has an active run and the strategy is `reject`.
+    #[error("the thread has an active run ({active_run_id}); wait for it, or send with another multitask_strategy")]
+    ThreadBusy {
+        /// The active run.
+        active_run_id: RunId,
+    },
+    /// Too many runs wait on the thread.
+    #[error("{limit} runs already wait on this thread; try again later")]
+    ThreadQueueFull {
+        /// The limit.
+        limit: usize,
+    },
+    /// The idempotency key was used for another request.
+    #[error("this Idempotency-Key was used for a different request in the last 24 hours")]
+    IdempotencyKeyReused,
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),

@@ -154,6 +154,8 @@ pub enum SessionMsg {
     },
     /// Stop the run now.
     Cancel {
+        /// Why, as the run's end records it.
+        reason: String,
         /// Called once the cancel is committed.
         reply: RpcReplyPort<()>,
     },
@@ -264,7 +266,7 @@ impl Session {
         }
         if matches!(live.phase, Phase::Finished) {
             match message {
-                SessionMsg::Cancel { reply } => drop(reply.send(())),
+                SessionMsg::Cancel { reply, .. } => drop(reply.send(())),
                 SessionMsg::Input { reply, .. } => drop(reply.send(Err(InputError::NotWaiting))),
                 _ => {}
             }
@@ -291,9 +293,8 @@ impl Session {
             SessionMsg::Reviewed { turn, review } => self.on_reviewed(&myself, live, turn, review).await,
             SessionMsg::Thought { turn, result } => self.on_thought(&myself, live, turn, result).await,
             SessionMsg::Input { input, reply } => self.on_input_message(&myself, live, input, reply).await,
-            SessionMsg::Cancel { reply } => {
-                self.finish(&myself, live, RunStatus::Cancelled, Some("cancelled by the client".to_owned()), None)
-                    .await?;
+            SessionMsg::Cancel { reason, reply } => {
+                self.finish(&myself, live, RunStatus::Cancelled, Some(reason), None).await?;
                 let _ = reply.send(());
                 Ok(())
             }
@@ -337,9 +338,8 @@ impl Session {
                 live.outbox.write(StoreWrite::Progress { turn: live.run.turn, usage: live.run.usage });
             }
             SessionMsg::Input { reply, .. } => drop(reply.send(Err(InputError::Unavailable))),
-            SessionMsg::Cancel { reply } => {
-                self.finish(myself, live, RunStatus::Cancelled, Some("cancelled by the client".to_owned()), None)
-                    .await?;
+            SessionMsg::Cancel { reason, reply } => {
+                self.finish(myself, live, RunStatus::Cancelled, Some(reason), None).await?;
                 let _ = reply.send(());
                 return Ok(());
             }

@@ -161,7 +161,7 @@ impl Session {
             None => None,
         };
         let tools = if drop_tools { Vec::new() } else { tools };
-        let mut request = prompt::build_request(system, &live.conversation, tools, answer_now);
+        let mut request = prompt::build_request(system, &live.history, &live.conversation, tools, answer_now);
         if let Some(choice) = forced {
             request.tool_choice = choice;
         }

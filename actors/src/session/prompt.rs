@@ -167,17 +167,20 @@ pub fn answer_now(conversation: &[Message], turn: u32, max_turns: u32) -> Option
     repeated.then_some(AnswerNow::CallsRepeated)
 }
 
-/// The request for a turn: the system prompt and the conversation. A turn that
-/// must answer lets the model call no tool (they stay listed, the prompt
-/// unchanged) and asks for the answer.
+/// The request for a turn: the system prompt, the thread's history (what was said
+/// in the runs before this one, empty for a run of no thread) and the run's
+/// conversation. A turn that must answer lets the model call no tool (they stay
+/// listed, the prompt unchanged) and asks for the answer.
 pub fn build_request(
     system: String,
+    history: &[Message],
     conversation: &[Message],
     tools: Vec<Arc<ToolDefinition>>,
     answer_now: Option<AnswerNow>,
 ) -> ChatRequest {
-    let mut messages = Vec::with_capacity(conversation.len() + 2);
+    let mut messages = Vec::with_capacity(history.len() + conversation.len() + 2);
     messages.push(Message::text(Role::System, system));
+    messages.extend_from_slice(history);
     if answer_now == Some(AnswerNow::CallsRepeated)
         && let Some(request) = conversation.first().filter(|first| first.role == Role::User)
         && only_planned(conversation)

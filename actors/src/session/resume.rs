@@ -18,13 +18,13 @@ use crate::config::AgentConfig;
 use crate::hooks::RunLedger;
 use crate::llm::{Message, Role};
 use crate::planner::Planner;
-use crate::protocol::{CallStatus, RunStatus, SkipReason, ToolOutcome};
+use crate::protocol::{CallStatus, RunId, RunStatus, SkipReason, ThreadId, ToolOutcome};
 use crate::reviewer::CallSummary;
 use crate::session::outbox::Outbox;
 use crate::session::review::Verdict;
 use crate::session::state::{Live, Phase, SessionState, ToolTurn, tools_mut};
 use crate::session::{Session, SessionMsg, prompt};
-use crate::store::{RunSnapshot, StoredMessage};
+use crate::store::{RunQuery, RunSnapshot, RunStore, StoreError, StoredMessage};
 
 impl Session {
     /// Loads the run and takes its next step.
@@ -63,6 +63,10 @@ impl Session {
         };
         let run = &snapshot.run;
         let conversation = canonical_conversation(&run.input, &snapshot.messages);
+        let history = match run.thread_id {
+            Some(thread_id) => thread_history(self.shared.store.as_ref(), thread_id, run.run_id).await?,
+            None => Vec::new(),
+        };
         let cancel = CancellationToken::new();
         let max_turns = run.limits.max_turns;
         let reflections = snapshot
@@ -82,6 +86,7 @@ impl Session {
             agent,
             planner,
             plan: snapshot.plan.clone(),
+            history,
             conversation,
             ledger: Arc::new(RunLedger::rebuild(
                 &snapshot.tool_executions,
@@ -260,6 +265,17 @@ impl Session {
 
 /// The conversation as the model sees it: the request, then each turn's reply,
 /// its tool results in call order, and its review.
+/// What was said in `thread_id` before run `run_id`: the runs older than it,
+/// oldest first (all have ended: a thread starts a run only once the runs before
+/// it have ended).
+async fn thread_history(store: &dyn RunStore, thread_id: ThreadId, run_id: RunId) -> Result<Vec<Message>, StoreError> {
+    let query = RunQuery { thread_id: Some(thread_id), after: Some(run_id), limit: usize::MAX, ..RunQuery::default() };
+    let mut earlier = store.list_runs(query).await?;
+    earlier.reverse();
+    earlier.retain(|run| run.status.is_terminal());
+    Ok(crate::threads::history(&earlier))
+}
+
 fn canonical_conversation(input: &str, messages: &[StoredMessage]) -> Vec<Message> {
     let mut ordered: Vec<&StoredMessage> = messages.iter().collect();
     let rank = |stored: &StoredMessage| -> (u32, usize) {

@@ -39,7 +39,11 @@ pub(super) struct Live {
     pub(super) planner: Option<ActorRef<PlannerMsg>>,
     /// The last committed plan; the planner is rebuilt from it if it crashes.
     pub(super) plan: Plan,
-    /// The conversation after the system prompt: the request first.
+    /// What was said in the thread before this run (empty for a run of no
+    /// thread): read once when the session loads the run, unchanged while it
+    /// runs (its thread starts no other run meanwhile).
+    pub(super) history: Vec<Message>,
+    /// The run's own conversation: the request first.
     pub(super) conversation: Vec<Message>,
     pub(super) ledger: Arc<RunLedger>,
     pub(super) outbox: Outbox,

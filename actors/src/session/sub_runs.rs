@@ -375,7 +375,8 @@ impl Watcher {
         let session = ractor::call!(self.supervisor, |reply| SupervisorMsg::Session { run_id: self.child, reply });
         match session {
             Ok(Some(session)) => {
-                let cancelled = ractor::call_t!(session, |reply| SessionMsg::Cancel { reply }, 10_000);
+                let reason = "its calling run ended".to_owned();
+                let cancelled = ractor::call_t!(session, |reply| SessionMsg::Cancel { reason, reply }, 10_000);
                 if cancelled.is_err() {
                     warn!(run_id = %self.child, "could not cancel a sub-run whose caller ended");
                 }

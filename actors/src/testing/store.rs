@@ -76,4 +76,7 @@ impl RunStore for FaultyStore {
     async fn delete_ended(&self, run_id: crate::protocol::RunId) -> Result<bool, StoreError> {
         self.inner.delete_ended(run_id).await
     }
+    fn threads(&self) -> &dyn crate::store::ThreadStore {
+        self.inner.threads()
+    }
 }

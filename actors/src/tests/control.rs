@@ -7,7 +7,7 @@ use serde_json::json;
 use crate::protocol::{CallStatus, EventKind, RunStatus};
 use crate::runtime::{CancelError, InputError, SubmitError, SubmitRequest};
 use crate::testing::{ScriptedModel, Step, calls, eventually, text};
-use crate::tests::{AGENT, Setup, collect, tool_messages, wait_for};
+use crate::tests::{AGENT, Setup, collect, tool_messages, wait_for, wait_status};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ask_user_parks_the_run_until_input_arrives() {
@@ -125,15 +125,6 @@ async fn a_tenant_over_its_limit_is_refused_while_another_tenant_is_admitted() {
     harness.runtime.submit(request("a")).await.unwrap();
     assert_eq!(harness.runtime.submit(request("a")).await, Err(SubmitError::TenantOverloaded { limit: 1 }));
     harness.runtime.submit(request("b")).await.unwrap();
-}
-
-/// Polls the run's status until it is `wanted`.
-async fn wait_status(harness: &crate::tests::Harness, run_id: crate::protocol::RunId, wanted: RunStatus) {
-    let what = format!("run {run_id} to become {wanted:?}");
-    eventually(Duration::from_secs(10), &what, || async {
-        harness.runtime.get(run_id).await.unwrap().unwrap().status == wanted
-    })
-    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

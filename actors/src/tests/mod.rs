@@ -10,6 +10,7 @@ mod reflect;
 mod steps;
 mod sub_runs;
 mod supervision;
+mod threads;
 mod turn_loop;
 
 use std::sync::Arc;
@@ -134,6 +135,15 @@ impl Harness {
     fn requests(&self) -> Vec<ChatRequest> {
         self.model.requests()
     }
+}
+
+/// Polls the run's status until it is `wanted`.
+async fn wait_status(harness: &Harness, run_id: RunId, wanted: crate::protocol::RunStatus) {
+    let what = format!("run {run_id} to become {wanted:?}");
+    crate::testing::eventually(Duration::from_secs(10), &what, || async {
+        harness.runtime.get(run_id).await.unwrap().unwrap().status == wanted
+    })
+    .await;
 }
 
 /// Every event of a stream, failing the test if it does not end within a minute.

@@ -53,7 +53,7 @@ async fn team_on(
 }
 
 async fn sub_runs_of(store: &Arc<dyn RunStore>, parent: RunId) -> Vec<RunRecord> {
-    let all = store.list_runs(RunQuery { tenant: None, status: None, limit: 100, after: None }).await.unwrap();
+    let all = store.list_runs(RunQuery { limit: 100, ..RunQuery::default() }).await.unwrap();
     all.into_iter().filter(|run| run.parent_run_id == Some(parent)).collect()
 }
 

@@ -1,0 +1,250 @@
+//! One active run per thread. Each live thread has a [`Line`]: the run that is
+//! active (started, or waiting for a slot in the run queue) and the runs waiting
+//! behind it, in order. The line's lock is held while a message is taken (its
+//! run created) and while the line moves on, so two messages arriving together
+//! are ordered and never both start.
+//!
+//! The store is the durable queue: a run waiting on its thread is stored
+//! `queued` and is in no run queue; a restart rebuilds every line from the
+//! unfinished runs, oldest first (the first of a thread is active, the rest
+//! wait). A watcher follows the active run's events to its end, then the line
+//! moves on: the next run that has not ended joins the run queue and becomes
+//! active.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures::StreamExt;
+use tracing::warn;
+
+use crate::admission::{Admission, RunQueue};
+use crate::events;
+use crate::metrics;
+use crate::protocol::{EventKind, RunEvent, RunId, ThreadId};
+use crate::shared::RuntimeShared;
+use crate::store::{RunQuery, RunRecord, StoreError};
+
+/// Where a thread's event stream sends: an event, or the store's failure (the
+/// last item).
+pub(crate) type ThreadEvents = tokio::sync::mpsc::Sender<Result<Arc<RunEvent>, StoreError>>;
+
+/// How often an idle thread stream checks that its thread still exists.
+const IDLE_CHECK: Duration = Duration::from_secs(15);
+
+/// Runs that may wait behind a thread's active run.
+pub const MAX_WAITING_PER_THREAD: usize = 64;
+
+/// A thread's runs that have not ended: the active one, then those waiting.
+#[derive(Debug, Default)]
+pub(crate) struct Line {
+    pub active: Option<RunId>,
+    pub waiting: VecDeque<RunId>,
+}
+
+/// What moving a line on needs: the store, and the run queue a run joins when its
+/// turn comes.
+pub(crate) struct Lines {
+    pub shared: Arc<RuntimeShared>,
+    pub admission: Arc<Admission>,
+    pub queue: Arc<RunQueue>,
+    lines: Mutex<HashMap<ThreadId, Arc<tokio::sync::Mutex<Line>>>>,
+    /// Told of every run created in a thread, for the thread's event streams.
+    created: tokio::sync::broadcast::Sender<ThreadId>,
+}
+
+impl Lines {
+    pub fn new(shared: Arc<RuntimeShared>, admission: Arc<Admission>, queue: Arc<RunQueue>) -> Self {
+        let (created, _) = tokio::sync::broadcast::channel(256);
+        Self { shared, admission, queue, lines: Mutex::default(), created }
+    }
+
+    /// Tells the thread's event streams that it has a new run.
+    pub fn announce(&self, thread_id: ThreadId) {
+        let _ = self.created.send(thread_id);
+    }
+
+    /// The thread's runs, oldest first.
+    pub async fn runs(&self, thread_id: ThreadId) -> Result<Vec<RunRecord>, StoreError> {
+        let query = RunQuery { thread_id: Some(thread_id), limit: usize::MAX, ..RunQuery::default() };
+        let mut runs = self.shared.store.list_runs(query).await?;
+        runs.reverse();
+        Ok(runs)
+    }
+
+    /// Sends the events of the thread's runs after `cursor` (a run and the seq
+    /// of the last event the client has), run after run, then waits for new
+    /// runs; until the thread is deleted, the runtime stops or the receiver
+    /// goes away.
+    pub async fn follow_thread(&self, thread_id: ThreadId, mut cursor: Option<(RunId, u64)>, sender: ThreadEvents) {
+        // Subscribed before the first listing: a run created after it is announced here.
+        let mut created = self.created.subscribe();
+        loop {
+            let runs = match self.runs(thread_id).await {
+                Ok(runs) => runs,
+                Err(error) => {
+                    let _ = sender.send(Err(error)).await;
+                    return;
+                }
+            };
+            let mut cut = false;
+            for run in runs {
+                let after = match cursor {
+                    Some((last, seq)) if last == run.run_id => seq,
+                    Some((last, _)) if run.run_id < last => continue,
+                    _ => 0,
+                };
+                let mut ended = false;
+                let mut events =
+                    events::subscribe(self.shared.hub.clone(), self.shared.store.clone(), run.run_id, after);
+                while let Some(event) = events.next().await {
+                    let event = match event {
+                        Ok(event) => event,
+                        Err(error) => {
+                            let _ = sender.send(Err(error)).await;
+                            return;
+                        }
+                    };
+                    cursor = Some((event.run_id, event.seq));
+                    ended = matches!(event.kind, EventKind::RunEnd { .. });
+                    if sender.send(Ok(event)).await.is_err() {
+                        return;
+                    }
+                }
+                let already_ended = after > 0 && run.status.is_terminal();
+                if !ended && !already_ended {
+                    // The subscription stopped before the run's end (the runtime
+                    // stops, or the run's session did): list again.
+                    cut = true;
+                    break;
+                }
+            }
+            if self.shared.handles.shutting_down() {
+                return;
+            }
+            if cut {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+            // Every run is sent to its end: wait for the next one.
+            loop {
+                tokio::select! {
+                    () = sender.closed() => return,
+                    announced = created.recv() => match announced {
+                        Ok(announced) if announced != thread_id => continue,
+                        // Ours, or announcements were missed: list again.
+                        _ => break,
+                    },
+                    () = tokio::time::sleep(IDLE_CHECK) => {
+                        let exists = self.shared.store.threads().get_thread(thread_id).await;
+                        if self.shared.handles.shutting_down() || matches!(exists, Ok(None)) {
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The thread's line (created empty if it has none).
+    pub fn line(&self, thread_id: ThreadId) -> Arc<tokio::sync::Mutex<Line>> {
+        let mut lines = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
+        lines.entry(thread_id).or_default().clone()
+    }
+
+    /// Forgets the thread's line if it is empty and no one else holds it.
+    fn forget_if_idle(&self, thread_id: ThreadId) {
+        let mut lines = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
+        let idle = lines.get(&thread_id).is_some_and(|line| {
+            // Only the map holds it, so no one can be about to lock it.
+            Arc::strong_count(line) == 1
+                && line.try_lock().is_ok_and(|line| line.active.is_none() && line.waiting.is_empty())
+        });
+        if idle {
+            lines.remove(&thread_id);
+        }
+    }
+
+    /// Makes `run_id` the thread's active run: it joins the run queue if `queue`
+    /// (a run created to start now is started by its submission instead), and a
+    /// watcher moves the line on when it ends.
+    pub fn activate(self: &Arc<Self>, line: &mut Line, thread_id: ThreadId, run_id: RunId, tenant: Option<&str>) {
+        line.active = Some(run_id);
+        if let Some(tenant) = tenant {
+            let _ = self.queue.push(run_id, tenant, true);
+            metrics::runs_queued(self.queue.len());
+            self.admission.freed().notify_one();
+        }
+        let lines = self.clone();
+        tokio::spawn(async move {
+            if lines.wait_for_end(run_id).await {
+                lines.advance(thread_id, run_id).await;
+            }
+        });
+    }
+
+    /// Waits until the run has ended (or is gone): true; false if the runtime
+    /// shuts down first (the line is rebuilt on the next start).
+    async fn wait_for_end(&self, run_id: RunId) -> bool {
+        loop {
+            let mut events = events::subscribe(self.shared.hub.clone(), self.shared.store.clone(), run_id, 0);
+            while let Some(event) = events.next().await {
+                if event.is_err() {
+                    break;
+                }
+            }
+            match self.shared.store.get_run(run_id).await {
+                Ok(Some(run)) if !run.status.is_terminal() => {}
+                Ok(_) => return true,
+                Err(error) => warn!(run_id = %run_id, %error, "cannot read a thread's active run"),
+            }
+            if self.shared.handles.shutting_down() {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+
+    /// The thread's active run `ended` has ended: the next run waiting becomes
+    /// active.
+    async fn advance(self: &Arc<Self>, thread_id: ThreadId, ended: RunId) {
+        let line = self.line(thread_id);
+        let mut guard = line.lock().await;
+        if guard.active == Some(ended) {
+            guard.active = None;
+            self.start_next(&mut guard, thread_id).await;
+        }
+        drop(guard);
+        drop(line);
+        self.forget_if_idle(thread_id);
+    }
+
+    /// If the line has no active run (or its active run has ended), makes the
+    /// first waiting run that has not ended active.
+    pub async fn start_next(self: &Arc<Self>, line: &mut Line, thread_id: ThreadId) {
+        if let Some(active) = line.active {
+            match self.shared.store.get_run(active).await {
+                Ok(Some(run)) if !run.status.is_terminal() => return,
+                Err(_) => return,
+                // Its watcher finds the line moved on and leaves it.
+                Ok(_) => line.active = None,
+            }
+        }
+        while let Some(next) = line.waiting.pop_front() {
+            match self.shared.store.get_run(next).await {
+                Ok(Some(run)) if !run.status.is_terminal() => {
+                    self.activate(line, thread_id, next, Some(&run.tenant));
+                    return;
+                }
+                // Cancelled (or deleted) while it waited.
+                Ok(_) => {}
+                Err(error) => {
+                    // It waits at the front; the next message or end moves the line.
+                    warn!(run_id = %next, %error, "cannot read a thread's next run");
+                    line.waiting.push_front(next);
+                    return;
+                }
+            }
+        }
+    }
+}
