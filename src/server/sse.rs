@@ -155,11 +155,16 @@ fn frames(
 pub const STREAM_ERROR: &str = "stream_error";
 
 fn frame(event: &RunEvent) -> Event {
+    frame_with_id(event, event.seq.to_string())
+}
+
+/// The SSE event of `event`, with `id` as its id.
+fn frame_with_id(event: &RunEvent, id: String) -> Event {
     let data = serde_json::to_string(event).unwrap_or_else(|error| {
         // Events are plain data; this cannot fail, but a frame must not panic.
         serde_json::json!({"seq": event.seq, "kind": "error", "message": error.to_string()}).to_string()
     });
-    Event::default().id(event.seq.to_string()).event(event.kind.name()).data(data)
+    Event::default().id(id).event(event.kind.name()).data(data)
 }
 
 /// Where a thread stream resumes: `RUN_ID:SEQ`, the id of the last event received.
@@ -225,7 +230,7 @@ pub async fn thread_events(
             Some(match next {
                 Ok(event) => {
                     let id = format!("{}:{}", event.run_id, event.seq);
-                    (Ok::<_, Infallible>(frame(&event).id(id)), (events, slot))
+                    (Ok::<_, Infallible>(frame_with_id(&event, id)), (events, slot))
                 }
                 Err(_) => {
                     let data = serde_json::json!({"code": "store_error", "message": "reading the thread's events failed; reconnect with Last-Event-ID"});

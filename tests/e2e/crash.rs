@@ -223,7 +223,7 @@ async fn a_triage_run_killed_between_steps_resumes_without_sending_twice() {
     let server = FakeOpenAi::start(Vec::new(), Some(FakeReply::PerTurn { replies })).await.unwrap();
     let troupe = |args: &[&str]| sandbox.troupe(&server, args);
 
-    let rounds = 8;
+    let rounds = 12;
     for round in 0..rounds {
         let asked = server.requests().len();
         let mut child =

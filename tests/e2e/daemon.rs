@@ -393,3 +393,114 @@ async fn the_model_reads_the_tool_guide_for_the_agents_tools() {
     assert!(!system.contains(&guide["text_stats"].replace("**", "")), "the guide is not repeated in the system prompt");
     let _ = std::fs::remove_dir_all(&sandbox.dir);
 }
+
+/// Messages to one thread, each sent with an idempotency key, the daemon killed
+/// with SIGKILL at a random moment after each and restarted, the message then
+/// sent again as a client retrying would: each message makes one run, the runs
+/// run in order, each is answered once, and the thread lists every exchange once,
+/// in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thread_messages_survive_kill_9_once_each_and_in_order() {
+    use reqwest::Method;
+
+    let seed: u64 = std::env::var("TROUPE_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(20261127);
+    let mut rng = fastrand::Rng::with_seed(seed);
+    eprintln!("thread crash schedule: seed {seed} (TROUPE_CRASH_SEED replays it)");
+    let sandbox = Sandbox::new(&format!("thread-crash-{seed}"), r#"["text_stats"]"#);
+    let mut reply = text_stream("I have noted that.", 3);
+    if let FakeReply::Stream { delay_ms, .. } = &mut reply {
+        *delay_ms = 15;
+    }
+    let model = FakeOpenAi::start(Vec::new(), Some(reply)).await.unwrap();
+    let http = reqwest::Client::new();
+    let call = |daemon: &Served, method: Method, path: String, key: Option<String>, body: Option<Value>| {
+        let mut request = http.request(method, daemon.url(&path)).bearer_auth(TOKEN);
+        if let Some(key) = key {
+            request = request.header("Idempotency-Key", key);
+        }
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        async move {
+            let response = request.send().await.unwrap();
+            let status = response.status();
+            (status, response.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+
+    let mut daemon = Served::start(sandbox.troupe(&model, &["serve"]));
+    let (status, thread) =
+        call(&daemon, Method::POST, "/v1/threads".into(), None, Some(json!({"agent": "crash"}))).await;
+    assert_eq!(status, 201, "{thread}");
+    let thread = thread["thread_id"].as_str().unwrap().to_owned();
+    let rounds = 12;
+    let mut runs = Vec::new();
+    for round in 0..rounds {
+        let message = json!({"input": format!("message {round}"), "multitask_strategy": "enqueue"});
+        let path = format!("/v1/threads/{thread}/runs");
+        let key = Some(format!("message-{round}"));
+        let (status, first) = call(&daemon, Method::POST, path.clone(), key.clone(), Some(message.clone())).await;
+        assert_eq!(status, 201, "round {round}: {first}");
+        tokio::time::sleep(Duration::from_millis(rng.u64(0..200))).await;
+        drop(daemon); // SIGKILL
+        daemon = Served::start(sandbox.troupe(&model, &["serve"]));
+        let (status, retried) = call(&daemon, Method::POST, path, key, Some(message)).await;
+        assert_eq!(status, 201, "round {round}: {retried}");
+        assert_eq!(retried["run_id"], first["run_id"], "round {round}: the retry returns the first run");
+        runs.push(first["run_id"].as_str().unwrap().to_owned());
+    }
+
+    let listed = eventually(Duration::from_secs(120), "every message to be answered", || async {
+        let (_, listed) = call(&daemon, Method::GET, format!("/v1/threads/{thread}/runs?limit=100"), None, None).await;
+        let all = listed["runs"].as_array().cloned().unwrap_or_default();
+        all.iter().all(|run| run["status"] == "succeeded").then_some(all)
+    })
+    .await;
+    let mut listed: Vec<String> = listed.iter().map(|run| run["run_id"].as_str().unwrap().to_owned()).collect();
+    listed.reverse();
+    assert_eq!(listed, runs, "one run per message, in the order sent");
+    let (_, detail) = call(&daemon, Method::GET, format!("/v1/threads/{thread}"), None, None).await;
+    let said: Vec<(String, String)> = detail["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["role"].as_str().unwrap().to_owned(), m["content"].as_str().unwrap().to_owned()))
+        .collect();
+    let expected: Vec<(String, String)> = (0..rounds)
+        .flat_map(|round| {
+            [("user".to_owned(), format!("message {round}")), ("assistant".to_owned(), "I have noted that.".to_owned())]
+        })
+        .collect();
+    assert_eq!(said, expected);
+    for run in &runs {
+        let events = daemon.events(run).await;
+        let seqs: Vec<u64> = events.iter().map(|event| event["seq"].as_u64().unwrap()).collect();
+        assert_eq!(seqs, (1..=events.len() as u64).collect::<Vec<_>>(), "run {run}: gap-free");
+        let answers = events.iter().filter(|event| event["kind"] == "final_output").count();
+        assert_eq!(answers, 1, "run {run} answered once");
+    }
+    // Each run's last model request held every earlier exchange, in order.
+    for (round, run) in runs.iter().enumerate() {
+        let asked = format!("message {round}");
+        let request = model
+            .requests()
+            .into_iter()
+            .rev()
+            .find(|request| {
+                request.body["messages"]
+                    .as_array()
+                    .is_some_and(|m| m.last().is_some_and(|m| m["content"] == asked.as_str()))
+            })
+            .unwrap_or_else(|| panic!("run {run} never asked the model"));
+        let users: Vec<String> = request.body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["role"] == "user")
+            .map(|m| m["content"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(users, (0..=round).map(|n| format!("message {n}")).collect::<Vec<_>>(), "round {round}");
+    }
+    drop(daemon);
+    let _ = std::fs::remove_dir_all(&sandbox.dir);
+}

@@ -16,3 +16,4 @@ mod model;
 mod server;
 mod store;
 mod store_upgrade;
+mod threads;

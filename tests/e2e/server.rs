@@ -18,12 +18,12 @@ use troupe_actors::testing::{EchoTool, GatedTool, ScriptedModel, Step, calls, ev
 use troupe_actors::tool::ToolRegistry;
 use troupe_actors::{Deps, Runtime};
 
-const ALPHA: &str = "alpha-token";
-const BETA: &str = "beta-token";
+pub(crate) const ALPHA: &str = "alpha-token";
+pub(crate) const BETA: &str = "beta-token";
 
-struct TestServer {
+pub(crate) struct TestServer {
     base: String,
-    http: reqwest::Client,
+    pub(crate) http: reqwest::Client,
     shutdown: CancellationToken,
     served: tokio::task::JoinHandle<()>,
 }
@@ -31,11 +31,19 @@ struct TestServer {
 /// A server over a fresh runtime: tenants `alpha` and `beta`, one agent `default`
 /// with the `echo` tool, `model` answering.
 async fn start(model: ScriptedModel, runtime_config: RuntimeConfig, server_config: ServerConfig) -> TestServer {
+    start_with(Arc::new(model), runtime_config, server_config).await
+}
+
+/// [`start`] with a model the test keeps (to read the requests it got).
+pub(crate) async fn start_with(
+    model: Arc<ScriptedModel>,
+    runtime_config: RuntimeConfig,
+    server_config: ServerConfig,
+) -> TestServer {
     let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
     let tools = ToolRegistry::new().with(Arc::new(EchoTool)).unwrap().with(Arc::new(GatedTool::default())).unwrap();
     let agent = AgentConfig::new("default", "You are a test agent.", vec!["echo".to_owned(), "pay".to_owned()]);
-    let deps =
-        Deps { store, models: ModelRegistry::new(Arc::new(model)), tools, hooks: Vec::new(), agents: vec![agent] };
+    let deps = Deps { store, models: ModelRegistry::new(model), tools, hooks: Vec::new(), agents: vec![agent] };
     let runtime = Arc::new(Runtime::start(runtime_config, deps).await.unwrap());
     let auth = Auth::new(&AuthConfig::default(), Some(&format!("alpha={ALPHA},beta={BETA}"))).unwrap();
     let shutdown = CancellationToken::new();
@@ -63,11 +71,17 @@ impl TestServer {
         start(echo_then_answer(), RuntimeConfig::default(), ServerConfig::default()).await
     }
 
-    fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }
 
-    async fn send(&self, method: reqwest::Method, path: &str, token: Option<&str>, body: Option<Value>) -> Answer {
+    pub(crate) async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<Value>,
+    ) -> Answer {
         let mut request = self.http.request(method, self.url(path));
         if let Some(token) = token {
             request = request.bearer_auth(token);
@@ -101,14 +115,14 @@ impl TestServer {
     }
 }
 
-struct Answer {
-    status: StatusCode,
-    body: Value,
+pub(crate) struct Answer {
+    pub(crate) status: StatusCode,
+    pub(crate) body: Value,
     retry_after: Option<String>,
 }
 
 impl Answer {
-    fn code(&self) -> &str {
+    pub(crate) fn code(&self) -> &str {
         self.body["error"]["code"].as_str().unwrap_or_default()
     }
 }
