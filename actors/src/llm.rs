@@ -232,6 +232,12 @@ pub trait ModelClient: Send + Sync + 'static {
 
     /// Starts a call. The stream yields deltas and ends with `ModelChunk::Done`.
     async fn chat(&self, request: ChatRequest) -> Result<ModelStream, ModelError>;
+
+    /// Tokens the model reads and writes in one call (prompt and reply), if
+    /// known: a prompt that would not fit is compacted first.
+    fn context_window(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// Models by name, with a default for agents that name none.

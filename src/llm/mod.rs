@@ -73,7 +73,8 @@ pub struct ModelConfig {
     /// USD per million output tokens.
     #[serde(default)]
     pub output_price_per_million: f64,
-    /// The model's context window in tokens (informational for now).
+    /// The model's context window in tokens: a prompt that would not fit is
+    /// compacted first. Left out, prompts are sent whole.
     #[serde(default)]
     pub context_window: Option<u64>,
 }
@@ -254,6 +255,7 @@ fn settings(name: &str, model: &ModelConfig) -> ModelSettings {
         stream: model.stream,
         input_price_per_million: model.input_price_per_million,
         output_price_per_million: model.output_price_per_million,
+        context_window: model.context_window.and_then(|tokens| usize::try_from(tokens).ok()),
     }
 }
 

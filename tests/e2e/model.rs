@@ -51,6 +51,7 @@ fn model_with(server: &FakeOpenAi, tweak: impl FnOnce(&mut ProviderSettings)) ->
         stream: true,
         input_price_per_million: 1.0,
         output_price_per_million: 2.0,
+        context_window: None,
     };
     OpenAiModel::new(Provider::new(settings).unwrap(), model)
 }
@@ -264,6 +265,7 @@ async fn non_streaming_mode_reads_one_json_body() {
         stream: false,
         input_price_per_million: 0.0,
         output_price_per_million: 0.0,
+        context_window: None,
     };
     let model = OpenAiModel::new(Provider::new(settings).unwrap(), model);
     let (_, reply) = call(&model).await;

@@ -8,15 +8,15 @@ use std::time::Instant;
 
 use futures::StreamExt;
 use ractor::{ActorProcessingErr, ActorRef};
-use tracing::{Instrument, warn};
+use tracing::{Instrument, debug, warn};
 
 use crate::builtin::BuiltinTool;
 use crate::llm::{Message, ModelChunk, ModelClient, ModelDelta, ModelError, ModelReply, Role, ToolChoice};
 use crate::metrics;
 use crate::protocol::{EventKind, RunStatus, ToolCall};
-use crate::session::prompt;
 use crate::session::state::{AbortOnDrop, DeltaInbox, Live, Phase, StepStarted, ToolTurn};
 use crate::session::{Session, SessionMsg};
+use crate::session::{compact, prompt};
 use crate::shared::over_budget;
 use crate::steps::{self, NextStep};
 use crate::store::StoreWrite;
@@ -161,7 +161,18 @@ impl Session {
             None => None,
         };
         let tools = if drop_tools { Vec::new() } else { tools };
-        let mut request = prompt::build_request(system, &live.history, &live.conversation, tools, answer_now);
+        // A prompt that would not fit the model's window is compacted (and sent
+        // whole otherwise, its cached prefix intact).
+        let window = live.model.context_window();
+        let fitted = window.and_then(|window| compact::fit(window, &system, &tools, &live.history, &live.conversation));
+        if fitted.is_some() {
+            debug!(run_id = %live.run.run_id, turn, window, "prompt compacted to fit the model's context");
+        }
+        let (history, conversation) = match &fitted {
+            Some(fitted) => (fitted.history.as_slice(), fitted.conversation.as_slice()),
+            None => (live.history.as_slice(), live.conversation.as_slice()),
+        };
+        let mut request = prompt::build_request(system, history, conversation, tools, answer_now);
         if let Some(choice) = forced {
             request.tool_choice = choice;
         }

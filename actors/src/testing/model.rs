@@ -110,6 +110,8 @@ pub struct ScriptedModel {
     count: AtomicUsize,
     /// Streams text deltas and keeps requests; off for benchmarks.
     verbose: bool,
+    /// The context window it reports.
+    context_window: Option<usize>,
 }
 
 impl ScriptedModel {
@@ -131,7 +133,14 @@ impl ScriptedModel {
             requests: Mutex::new(Vec::new()),
             count: AtomicUsize::new(0),
             verbose: true,
+            context_window: None,
         }
+    }
+
+    /// Reports a context window of `tokens`.
+    pub fn with_context_window(mut self, tokens: usize) -> Self {
+        self.context_window = Some(tokens);
+        self
     }
 
     /// Keeps no requests and streams no deltas (benchmarks).
@@ -169,6 +178,10 @@ impl ScriptedModel {
 impl ModelClient for ScriptedModel {
     fn name(&self) -> &str {
         &self.name
+    }
+
+    fn context_window(&self) -> Option<usize> {
+        self.context_window
     }
 
     async fn chat(&self, request: ChatRequest) -> Result<ModelStream, ModelError> {

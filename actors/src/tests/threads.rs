@@ -270,3 +270,35 @@ async fn an_idempotency_key_returns_the_first_run_also_after_a_restart() {
     let all = store.list_runs(crate::store::RunQuery { limit: 10, ..Default::default() }).await.unwrap();
     assert_eq!(all.len(), 1, "one run in all");
 }
+
+/// A thread longer than the model's context window: every run still gets a
+/// prompt that fits (the older exchanges condensed into a note), and the newest
+/// exchange stays verbatim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_thread_keeps_its_prompts_within_the_context_window() {
+    let window = 2048;
+    let answer = |n: usize| format!("Answer {n}: {}", "the parcel is on its way. ".repeat(24));
+    let answers: Vec<Step> = (0..24).map(|n| text(&answer(n))).collect();
+    let mut setup = Setup::new(ScriptedModel::queue(answers).with_context_window(window));
+    setup.agent_tools = Some(vec!["echo".to_owned()]);
+    let harness = setup.start().await;
+    let thread_id = thread(&harness).await;
+    for n in 0..24 {
+        let run = send(&harness, thread_id, &format!("Where is parcel {n}?"), MultitaskStrategy::Reject).await;
+        assert_eq!(harness.finish(run).await.0.status, RunStatus::Succeeded, "message {n}");
+    }
+    let requests = harness.requests();
+    for (n, request) in requests.iter().enumerate() {
+        // Three characters a token is the estimate's floor: a prompt within it fits.
+        let chars: usize = request.messages.iter().map(|m| m.content.chars().count()).sum::<usize>()
+            + request.tools.iter().map(|t| t.description.len() + t.parameters.to_string().len()).sum::<usize>();
+        assert!(chars / 3 < window, "request {n}: {chars} characters");
+    }
+    let last = said(requests.last().unwrap());
+    assert!(last[0].1.starts_with("Earlier in this conversation (condensed"), "{:?}", last[0]);
+    assert!(last[0].1.contains("Where is parcel 2"), "the condensed note keeps older questions");
+    assert_eq!(
+        last[last.len() - 3..],
+        [user("Where is parcel 22?"), assistant(&answer(22)), user("Where is parcel 23?")]
+    );
+}

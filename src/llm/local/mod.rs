@@ -111,6 +111,10 @@ impl ModelClient for LocalModel {
         &self.settings.name
     }
 
+    fn context_window(&self) -> Option<usize> {
+        usize::try_from(self.settings.config.context).ok()
+    }
+
     #[cfg(feature = "local-model")]
     async fn chat(&self, request: ChatRequest) -> Result<ModelStream, ModelError> {
         let engine = self.engine().await?;

@@ -172,6 +172,8 @@ pub struct ModelSettings {
     pub input_price_per_million: f64,
     /// USD per million output tokens.
     pub output_price_per_million: f64,
+    /// Tokens of context (prompt and reply), if known.
+    pub context_window: Option<usize>,
 }
 
 /// A model behind an OpenAI-compatible provider.
@@ -241,6 +243,10 @@ impl OpenAiModel {
 impl ModelClient for OpenAiModel {
     fn name(&self) -> &str {
         &self.settings.name
+    }
+
+    fn context_window(&self) -> Option<usize> {
+        self.settings.context_window
     }
 
     async fn chat(&self, request: ChatRequest) -> Result<ModelStream, ModelError> {
