@@ -18,7 +18,7 @@ use troupe::cli::local::{self, Local};
 use troupe::cli::model::PullArgs;
 use troupe::cli::remote::{self, Remote};
 use troupe::cli::setup::{self, Overrides};
-use troupe::cli::{mailbox, model};
+use troupe::cli::{chat, mailbox, model};
 use troupe::email::mailbox::SearchQuery;
 use troupe::env::Environment;
 use troupe::llm::local::pull::PYPI_INDEX;
@@ -84,6 +84,24 @@ enum Command {
     Runs {
         #[command(subcommand)]
         command: RunsCommand,
+    },
+    /// Talk with an agent on a running daemon: each line you write is a message of
+    /// one thread (the agent sees the conversation so far); its reasoning shows
+    /// live, and its questions and approvals are answered inline.
+    Chat {
+        /// The agent (of a new thread).
+        #[arg(long, default_value = "default")]
+        agent: String,
+        /// Go on with this thread instead of starting one.
+        #[arg(long)]
+        thread: Option<String>,
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
+    /// List, show or delete threads (conversations) on a running daemon.
+    Threads {
+        #[command(subcommand)]
+        command: ThreadsCommand,
     },
     /// The agents of a running daemon.
     Agents {
@@ -282,6 +300,32 @@ enum RunsCommand {
     },
 }
 
+#[derive(Subcommand)]
+enum ThreadsCommand {
+    /// The tenant's threads, newest first.
+    List {
+        /// At most this many.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
+    /// One thread's conversation.
+    Show {
+        /// The thread id.
+        id: String,
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
+    /// Delete a thread with its runs (those still running are cancelled).
+    Delete {
+        /// The thread id.
+        id: String,
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
+}
+
 /// Where the daemon is.
 #[derive(clap::Args)]
 struct RemoteArgs {
@@ -330,6 +374,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             runtime.block_on(remote::run(remote.into(), agent, question, follow))
         }
         Command::Runs { command } => runtime.block_on(remote_runs(command)),
+        Command::Chat { agent, thread, remote } => runtime.block_on(chat::chat(remote.into(), agent, thread)),
+        Command::Threads { command } => runtime.block_on(remote_threads(command)),
         Command::Agents { remote } => runtime.block_on(remote::agents(remote.into())),
         Command::Tools { remote } => runtime.block_on(remote::tools(remote.into())),
         Command::HashToken { token } => {
@@ -353,6 +399,14 @@ async fn remote_runs(command: RunsCommand) -> anyhow::Result<ExitCode> {
             remote::approve(remote.into(), id, call_id, reject, reason).await
         }
         RunsCommand::Input { id, text, remote } => remote::input(remote.into(), id, text).await,
+    }
+}
+
+async fn remote_threads(command: ThreadsCommand) -> anyhow::Result<ExitCode> {
+    match command {
+        ThreadsCommand::List { limit, remote } => chat::list(remote.into(), limit).await,
+        ThreadsCommand::Show { id, remote } => chat::show(remote.into(), id).await,
+        ThreadsCommand::Delete { id, remote } => chat::delete(remote.into(), id).await,
     }
 }
 

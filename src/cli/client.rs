@@ -1,5 +1,5 @@
 //! The CLI's client of a running daemon: `troupe run`, `troupe runs …`,
-//! `troupe agents`, `troupe tools`. Following a run reads its SSE stream and
+//! `troupe threads …`, `troupe chat`, `troupe agents`, `troupe tools`. Following a run reads its SSE stream and
 //! reconnects with `Last-Event-ID` when the connection drops, so a flaky network
 //! loses no event and shows none twice.
 
@@ -15,10 +15,34 @@ use troupe_actors::protocol::{EventKind, RunEvent, RunStatus};
 
 use crate::cli::view::{TICK, View};
 use crate::server::STREAM_ERROR;
-use crate::server::api_types::{AgentView, RunList, RunView, ToolView};
+use crate::server::api_types::{AgentView, RunList, RunView, ThreadDetail, ThreadList, ThreadView, ToolView};
 
 /// Reconnections in a row without a new event before following gives up.
 const MAX_RECONNECTS: u32 = 10;
+
+/// What a followed run waits for once it parks: calls waiting for approval, and
+/// its question.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Waiting {
+    /// `(call id, tool, why)` of each call waiting for a decision, in order.
+    pub approvals: Vec<(String, String, String)>,
+    /// The question it asked, until it is answered.
+    pub question: Option<String>,
+}
+
+impl Waiting {
+    fn track(&mut self, kind: &EventKind) {
+        match kind {
+            EventKind::ApprovalRequested { call_id, tool, reason, .. } => {
+                self.approvals.push((call_id.clone(), tool.clone(), reason.clone()));
+            }
+            EventKind::ApprovalDecided { call_id, .. } => self.approvals.retain(|(id, _, _)| id != call_id),
+            EventKind::WaitingInput { prompt, .. } => self.question = Some(prompt.clone()),
+            EventKind::InputReceived { .. } => self.question = None,
+            _ => {}
+        }
+    }
+}
 
 /// A daemon's API.
 pub struct Client {
@@ -101,6 +125,43 @@ impl Client {
         self.call(self.request(Method::POST, &format!("/v1/runs/{id}/input")).json(&body)).await
     }
 
+    /// Starts a thread (a conversation) with `agent`.
+    pub async fn create_thread(&self, agent: &str) -> anyhow::Result<ThreadView> {
+        self.call(self.request(Method::POST, "/v1/threads").json(&json!({"agent": agent}))).await
+    }
+
+    /// One thread with its conversation.
+    pub async fn get_thread(&self, id: &str) -> anyhow::Result<ThreadDetail> {
+        self.call(self.request(Method::GET, &format!("/v1/threads/{id}"))).await
+    }
+
+    /// The tenant's threads, newest first.
+    pub async fn list_threads(&self, limit: usize) -> anyhow::Result<ThreadList> {
+        self.call(self.request(Method::GET, &format!("/v1/threads?limit={limit}"))).await
+    }
+
+    /// Deletes a thread with its runs.
+    pub async fn delete_thread(&self, id: &str) -> anyhow::Result<()> {
+        let response = self
+            .request(Method::DELETE, &format!("/v1/threads/{id}"))
+            .timeout(Duration::from_secs(60))
+            .send()
+            .await
+            .with_context(|| format!("cannot reach {}", self.base))?;
+        let status = response.status();
+        if !status.is_success() {
+            let bytes = response.bytes().await.unwrap_or_default();
+            bail!("{}", describe_error(status, &bytes));
+        }
+        Ok(())
+    }
+
+    /// Sends a message to a thread; it runs after the thread's earlier runs.
+    pub async fn send_message(&self, thread: &str, input: &str) -> anyhow::Result<RunView> {
+        let body = json!({"input": input, "multitask_strategy": "enqueue"});
+        self.call(self.request(Method::POST, &format!("/v1/threads/{thread}/runs")).json(&body)).await
+    }
+
     /// The agents.
     pub async fn agents(&self) -> anyhow::Result<Vec<AgentView>> {
         self.call(self.request(Method::GET, "/v1/agents")).await
@@ -114,7 +175,19 @@ impl Client {
     /// Follows a run's events until it ends or parks on a question, showing them
     /// with `view` (or as JSON lines when `view` is `None`). Returns the run's
     /// status at that point.
-    pub async fn follow(&self, id: &str, mut view: Option<View>, out: &mut impl Write) -> anyhow::Result<RunStatus> {
+    pub async fn follow(&self, id: &str, view: Option<View>, out: &mut impl Write) -> anyhow::Result<RunStatus> {
+        self.follow_waiting(id, view, out, &mut Waiting::default()).await
+    }
+
+    /// [`Client::follow`], keeping in `waiting` what the run waits for when it
+    /// parks.
+    pub async fn follow_waiting(
+        &self,
+        id: &str,
+        mut view: Option<View>,
+        out: &mut impl Write,
+        waiting: &mut Waiting,
+    ) -> anyhow::Result<RunStatus> {
         let mut last = 0u64;
         let mut failures = 0u32;
         loop {
@@ -124,7 +197,7 @@ impl Client {
             }
             let outcome = match request.send().await {
                 Ok(response) if response.status().is_success() => {
-                    self.read_stream(response, &mut last, &mut view, out).await
+                    self.read_stream(response, &mut last, &mut view, out, waiting).await
                 }
                 Ok(response) => {
                     let status = response.status();
@@ -160,6 +233,7 @@ impl Client {
         last: &mut u64,
         view: &mut Option<View>,
         out: &mut impl Write,
+        waiting: &mut Waiting,
     ) -> anyhow::Result<Option<RunStatus>> {
         let mut body = response.bytes_stream();
         let mut parser = SseParser::default();
@@ -186,6 +260,7 @@ impl Client {
                     continue;
                 }
                 *last = event.seq;
+                waiting.track(&event.kind);
                 let ended = match view.as_mut() {
                     Some(view) => view.event(out, &event)?,
                     None => {

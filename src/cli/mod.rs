@@ -3,13 +3,15 @@
 //! the file commands.
 //!
 //! - `client.rs`, `view.rs`: talking to a daemon, showing a run's events.
-//! - `remote.rs`: `troupe run`, `runs …`, `agents`, `tools` (a running daemon).
+//! - `remote.rs`: `troupe run`, `runs …`, `agents`, `tools` (a running daemon);
+//!   `chat.rs`: `troupe chat`, `threads …` (conversations on a running daemon).
 //! - `local.rs`: `troupe serve`, `demo`, `resume`, `gc` (the runtime in-process,
 //!   on an [`App`](crate::app::App)); `demo.rs`: the demo's run.
 //! - `eval.rs`: `troupe eval` (a task file through the runtime in-process).
 //! - `mailbox.rs`, `model.rs`: `troupe mailbox …`, `troupe model …` (files only).
 //! - `setup.rs`: the configuration of a command from its flags and files.
 
+pub mod chat;
 pub mod client;
 pub mod demo;
 pub mod eval;

@@ -36,8 +36,16 @@ impl ModelClient for OfflineModel {
 
 /// The next step, read off the conversation: plan, measure, close the plan, answer.
 fn reply_to(request: &ChatRequest) -> ModelReply {
-    let question = request.messages.iter().find(|m| m.role == Role::User).map_or("", |m| m.content.as_str());
-    let turn = request.messages.iter().filter(|m| m.role == Role::Assistant).count() + 1;
+    // In a thread, earlier exchanges come first, each ending with an answer (an
+    // assistant message without calls): this run's part begins after the last.
+    let start = request
+        .messages
+        .iter()
+        .rposition(|m| m.role == Role::Assistant && m.tool_calls.is_empty())
+        .map_or(0, |answer| answer + 1);
+    let own = &request.messages[start..];
+    let question = own.iter().find(|m| m.role == Role::User).map_or("", |m| m.content.as_str());
+    let turn = own.iter().filter(|m| m.role == Role::Assistant).count() + 1;
     let offers = |name: &str| request.tools.iter().any(|tool| tool.name == name);
     let input_tokens = request.messages.iter().map(|m| m.content.split_whitespace().count() as u64).sum();
     let call = |name: &str, args: Value| ToolCall { call_id: format!("call_{turn}"), name: name.to_owned(), args };
@@ -47,7 +55,7 @@ fn reply_to(request: &ChatRequest) -> ModelReply {
             {"id": "2", "content": "Answer from the measurement", "status": if measured == "completed" { "completed" } else { "pending" }},
         ]})
     };
-    let stats = request.messages.iter().rev().find(|m| m.role == Role::Tool && m.content.contains("\"words\""));
+    let stats = own.iter().rev().find(|m| m.role == Role::Tool && m.content.contains("\"words\""));
     let (content, tool_calls) = match (&request.tool_choice, turn, stats) {
         (ToolChoice::Auto, 1, _) if offers("todo_write") => {
             (String::new(), vec![call("todo_write", plan("in_progress"))])

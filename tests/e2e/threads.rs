@@ -357,3 +357,58 @@ async fn another_tenant_gets_404_on_every_thread_route_and_changes_nothing() {
     let detail = server.send(Method::GET, &format!("/v1/threads/{thread}"), Some(ALPHA), None).await.body;
     assert_eq!(detail["metadata"], json!({"secret": "private"}));
 }
+
+/// `troupe chat` as a person uses it: two messages typed on stdin (the second a
+/// follow-up), an approval answered inline, the answers on stdout, and the
+/// conversation on the daemon's thread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn troupe_chat_holds_a_conversation_and_answers_an_approval_inline() {
+    use std::io::Write as _;
+    use std::process::{Command, Stdio};
+
+    use troupe_actors::testing::calls;
+
+    let model = Arc::new(ScriptedModel::queue(vec![
+        text("You have one invoice from ACME, for 120 EUR."),
+        calls(&[("pay", json!({"entry": "ACME 120 EUR"}))]),
+        text("I paid the ACME invoice of 120 EUR."),
+    ]));
+    let server = server(&model).await;
+    let mut chat = Command::new(env!("CARGO_BIN_EXE_troupe"))
+        .args(["chat", "--url", &server.url(""), "--token", ALPHA])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Each line is read when the chat asks for it: the messages, then the decision.
+    let mut stdin = chat.stdin.take().unwrap();
+    stdin.write_all(b"What invoices do I have?\nPay it please\ny\n").unwrap();
+    drop(stdin);
+    let output = tokio::task::spawn_blocking(move || chat.wait_with_output()).await.unwrap().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(stdout.contains("You have one invoice from ACME, for 120 EUR."), "{stdout}");
+    assert!(stdout.contains("approve pay"), "the approval is asked inline: {stdout}");
+    assert!(stdout.contains("I paid the ACME invoice of 120 EUR."), "{stdout}");
+
+    let listed = server.send(Method::GET, "/v1/threads", Some(ALPHA), None).await.body;
+    let thread = listed["threads"][0]["thread_id"].as_str().unwrap().to_owned();
+    assert!(stdout.contains(&format!("troupe chat --thread {thread}")), "{stdout}");
+    assert_eq!(
+        server.conversation(&thread).await,
+        vec![
+            said("user", "What invoices do I have?"),
+            said("assistant", "You have one invoice from ACME, for 120 EUR."),
+            said("user", "Pay it please"),
+            said("assistant", "I paid the ACME invoice of 120 EUR."),
+        ]
+    );
+    assert_eq!(
+        prompt(&model, 1)[..2],
+        [
+            (Role::User, "What invoices do I have?".to_owned()),
+            (Role::Assistant, "You have one invoice from ACME, for 120 EUR.".to_owned()),
+        ]
+    );
+}
