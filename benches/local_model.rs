@@ -2,7 +2,8 @@
 //! same machine in the same run, and the share of prompt tokens served from the KV
 //! cache on the later turns of real agent runs.
 //!
-//! `cargo bench --bench local_model`. The model: `TROUPE_BENCH_MODEL`, else
+//! `cargo bench --bench local_model` (`TROUPE_BENCH_CACHE_ONLY=1`: only the cache
+//! shares, without the speed comparison). The model: `TROUPE_BENCH_MODEL`, else
 //! `data/models/<default model>` (`troupe model pull`). The reference binary:
 //! `TROUPE_BENCH_LLAMA_BENCH`, else built by `benches/llama-cpp-reference.sh` from the
 //! llama.cpp source troupe links.
@@ -13,7 +14,9 @@
 //!   tokens per second from the first generated token to the last; `tg128`.
 //! - Cache: agent runs with a tool (a tool turn, then an answer turn, reviewed),
 //!   one after the other; for each model call of turn 2 or later, the prompt
-//!   tokens read from the cache over all its prompt tokens.
+//!   tokens read from the cache over all its prompt tokens. Then the same
+//!   questions as messages of one thread: for the first call of each follow-up,
+//!   the same share (what is new in it is the previous answer and the message).
 
 // A bench is a program of its own: it reads its settings from the environment.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
@@ -34,8 +37,10 @@ use troupe_actors::llm::{
     ChatRequest, Message, ModelChunk, ModelClient, ModelError, ModelRegistry, ModelStream, Role, ToolChoice,
 };
 use troupe_actors::metrics::LOCAL_MODEL_PROMPT_TOKENS_TOTAL;
+use troupe_actors::runtime::ThreadRun;
 use troupe_actors::store::MemoryStore;
 use troupe_actors::testing::{capture_metrics, counter};
+use troupe_actors::threads::MultitaskStrategy;
 use troupe_actors::{Deps, Runtime, SubmitRequest};
 
 #[global_allocator]
@@ -62,6 +67,12 @@ fn main() {
     let local = Arc::new(LocalModel::new(config.settings(std::path::Path::new("data")).unwrap()));
     // Load the model (and warm up) before timing.
     tokio.block_on(async { drain(local.chat(request("Warm up.".into(), "Say hi.".into(), 4)).await.unwrap()).await });
+    if std::env::var_os("TROUPE_BENCH_CACHE_ONLY").is_some() {
+        let (share, follow_ups) = tokio.block_on(cache_share(local));
+        println!("prompt tokens from the cache on turns >= 2: {:.1} %", share * 100.0);
+        println!("prompt tokens from the cache on a thread's follow-ups (first call): {:.1} %", follow_ups * 100.0);
+        return;
+    }
     // Rounds alternate the two sides, so that drift in the machine's load touches
     // both alike; each round's ratio is kept, and the medians reported.
     let binary = llama_bench_binary();
@@ -103,9 +114,10 @@ fn main() {
         100.0 * median(generation_ratios)
     );
 
-    let share = tokio.block_on(cache_share(local));
+    let (share, follow_ups) = tokio.block_on(cache_share(local));
     println!();
     println!("prompt tokens from the cache on turns >= 2: {:.1} %", share * 100.0);
+    println!("prompt tokens from the cache on a thread's follow-ups (first call): {:.1} %", follow_ups * 100.0);
 }
 
 /// The reference binary: `TROUPE_BENCH_LLAMA_BENCH`, or built by the script.
@@ -203,6 +215,10 @@ impl ModelClient for Observed {
         "local"
     }
 
+    fn context_window(&self) -> Option<usize> {
+        self.inner.context_window()
+    }
+
     async fn chat(&self, request: ChatRequest) -> Result<ModelStream, ModelError> {
         let turn = request.messages.iter().filter(|message| message.role == Role::Assistant).count() + 1;
         let before = prompt_tokens();
@@ -217,7 +233,7 @@ impl ModelClient for Observed {
     }
 }
 
-async fn cache_share(local: Arc<LocalModel>) -> f64 {
+async fn cache_share(local: Arc<LocalModel>) -> (f64, f64) {
     let calls: Calls = Arc::default();
     let model = Arc::new(Observed { inner: local, calls: calls.clone() });
     let agent = troupe::config::parse_agent(
@@ -248,13 +264,34 @@ async fn cache_share(local: Arc<LocalModel>) -> f64 {
         let record = runtime.wait_settled(run).await.unwrap();
         println!("run {run}: {:?} after {} turns", record.status, record.turn);
     }
+    let runs = calls.lock().unwrap().clone();
+    // The same questions as one conversation: each follow-up's first call.
+    let (thread, _) =
+        runtime.create_thread("default".to_owned(), "counter".to_owned(), Default::default(), None).await.unwrap();
+    let mut follow_ups = Vec::new();
+    for (index, text) in texts.iter().enumerate() {
+        let first_call = calls.lock().unwrap().len();
+        let mut request = SubmitRequest::new("counter".to_owned(), format!("And this one: \"{text}\"?"));
+        request.thread = Some(ThreadRun { thread_id: thread.thread_id, strategy: MultitaskStrategy::Reject });
+        let run = runtime.submit(request).await.unwrap();
+        let record = runtime.wait_settled(run).await.unwrap();
+        println!("thread message {index}: {:?} after {} turns", record.status, record.turn);
+        if index > 0 {
+            follow_ups.push(calls.lock().unwrap()[first_call]);
+        }
+    }
     runtime.shutdown(Duration::from_secs(5)).await;
-    let calls = calls.lock().unwrap().clone();
-    for (turn, cached, computed) in &calls {
+    for (turn, cached, computed) in &runs {
         println!("turn {turn}: {cached} prompt tokens from the cache, {computed} computed");
     }
-    let later: Vec<_> = calls.iter().filter(|(turn, _, _)| *turn >= 2).collect();
-    let cached: u64 = later.iter().map(|(_, cached, _)| cached).sum();
-    let total: u64 = later.iter().map(|(_, cached, computed)| cached + computed).sum();
-    if total == 0 { 0.0 } else { cached as f64 / total as f64 }
+    for (_, cached, computed) in &follow_ups {
+        println!("follow-up: {cached} prompt tokens from the cache, {computed} computed");
+    }
+    let share = |calls: &[&(usize, u64, u64)]| {
+        let cached: u64 = calls.iter().map(|(_, cached, _)| cached).sum();
+        let total: u64 = calls.iter().map(|(_, cached, computed)| cached + computed).sum();
+        if total == 0 { 0.0 } else { cached as f64 / total as f64 }
+    };
+    let later: Vec<_> = runs.iter().filter(|(turn, _, _)| *turn >= 2).collect();
+    (share(&later), share(&follow_ups.iter().collect::<Vec<_>>()))
 }

@@ -48,7 +48,10 @@ pub async fn chat(remote: Remote, agent: String, thread: Option<String>) -> anyh
         if message.is_empty() {
             break;
         }
-        let run = client.send_message(&thread_id, &message).await?;
+        // A run left waiting for an answer is interrupted by the next message
+        // (it would otherwise hold it back).
+        let strategy = if status == RunStatus::WaitingInput { "interrupt" } else { "enqueue" };
+        let run = client.send_message(&thread_id, &message, strategy).await?;
         status = follow(&client, &run.run_id, remote.json, &mut input).await?;
     }
     println!("go on with: troupe chat --thread {thread_id}");
@@ -59,9 +62,10 @@ pub async fn chat(remote: Remote, agent: String, thread: Option<String>) -> anyh
 async fn follow(client: &Client, run_id: &str, json: bool, input: &mut Input) -> anyhow::Result<RunStatus> {
     let mut out = std::io::stdout();
     let mut waiting = Waiting::default();
+    let mut last = 0;
     loop {
         let view = (!json).then(|| View::new(std::io::stdout().is_terminal()));
-        let status = client.follow_waiting(run_id, view, &mut out, &mut waiting).await?;
+        let status = client.follow_waiting(run_id, view, &mut out, &mut waiting, &mut last).await?;
         if status != RunStatus::WaitingInput {
             return Ok(status);
         }
@@ -72,7 +76,7 @@ async fn follow(client: &Client, run_id: &str, json: bool, input: &mut Input) ->
             client.approve(run_id, Some(&call_id), approved, reason.as_deref()).await?;
         } else {
             let Some(answer) = ask(input, "answer › ").await?.filter(|answer| !answer.is_empty()) else {
-                println!("the run waits for an answer: troupe runs input {run_id} \"…\"");
+                println!("(left unanswered: your next message interrupts it)");
                 return Ok(status);
             };
             client.input(run_id, &answer).await?;

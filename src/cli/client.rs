@@ -156,9 +156,10 @@ impl Client {
         Ok(())
     }
 
-    /// Sends a message to a thread; it runs after the thread's earlier runs.
-    pub async fn send_message(&self, thread: &str, input: &str) -> anyhow::Result<RunView> {
-        let body = json!({"input": input, "multitask_strategy": "enqueue"});
+    /// Sends a message to a thread, with `strategy` for a thread with an active
+    /// run (`enqueue`: it runs after the thread's earlier runs).
+    pub async fn send_message(&self, thread: &str, input: &str, strategy: &str) -> anyhow::Result<RunView> {
+        let body = json!({"input": input, "multitask_strategy": strategy});
         self.call(self.request(Method::POST, &format!("/v1/threads/{thread}/runs")).json(&body)).await
     }
 
@@ -176,28 +177,29 @@ impl Client {
     /// with `view` (or as JSON lines when `view` is `None`). Returns the run's
     /// status at that point.
     pub async fn follow(&self, id: &str, view: Option<View>, out: &mut impl Write) -> anyhow::Result<RunStatus> {
-        self.follow_waiting(id, view, out, &mut Waiting::default()).await
+        self.follow_waiting(id, view, out, &mut Waiting::default(), &mut 0).await
     }
 
-    /// [`Client::follow`], keeping in `waiting` what the run waits for when it
-    /// parks.
+    /// [`Client::follow`] from the event after seq `last` (kept up to date, so
+    /// that following again after answering the run goes on where this stopped),
+    /// keeping in `waiting` what the run waits for when it parks.
     pub async fn follow_waiting(
         &self,
         id: &str,
         mut view: Option<View>,
         out: &mut impl Write,
         waiting: &mut Waiting,
+        last: &mut u64,
     ) -> anyhow::Result<RunStatus> {
-        let mut last = 0u64;
         let mut failures = 0u32;
         loop {
             let mut request = self.request(Method::GET, &format!("/v1/runs/{id}/events"));
-            if last > 0 {
+            if *last > 0 {
                 request = request.header("Last-Event-ID", last.to_string());
             }
             let outcome = match request.send().await {
                 Ok(response) if response.status().is_success() => {
-                    self.read_stream(response, &mut last, &mut view, out, waiting).await
+                    self.read_stream(response, last, &mut view, out, waiting).await
                 }
                 Ok(response) => {
                     let status = response.status();

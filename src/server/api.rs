@@ -56,10 +56,10 @@ pub(super) async fn deadline(State(state): State<AppState>, request: Request, ne
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateRun {
-    /// The agent; `default` when left out.
-    #[serde(default = "default_agent")]
+    /// The agent; when left out, `default` (or, with `thread_id`, the thread's).
+    #[serde(default)]
     #[schema(default = "default")]
-    pub agent: String,
+    pub agent: Option<String>,
     /// The request.
     pub input: String,
     /// Limits for this run instead of the agent's.
@@ -269,7 +269,7 @@ pub(super) async fn create_run(
         }
         None => None,
     };
-    let run = RunBody { agent: Some(body.agent), input: body.input, limits: body.limits, metadata: body.metadata };
+    let run = RunBody { agent: body.agent, input: body.input, limits: body.limits, metadata: body.metadata };
     submit(&state, tenant, run, thread, idempotency).await
 }
 

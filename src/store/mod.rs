@@ -469,14 +469,24 @@ impl RunStore for SqlStore {
         with_pool!(self, |pool, postgres| {
             let mut sql = format!(
                 "SELECT {RUN_COLUMNS} FROM runs_now WHERE ($1 IS NULL OR tenant = $1) AND ($2 IS NULL OR status = $2) \
-                 AND ($4 IS NULL OR run_id < $4) AND ($5 IS NULL OR thread_id = $5)"
+                 AND ($4 IS NULL OR run_id < $4)"
             );
+            // A thread's runs are read through its index (`$5 IS NULL OR …` would
+            // scan every run).
+            if query.thread_id.is_some() {
+                sql.push_str(" AND thread_id = $5");
+            } else {
+                sql.push_str(" AND $5 IS NULL");
+            }
             // Each metadata filter: a key (checked by `filterable_key`, and bound)
-            // with the string value it must have.
+            // with the string value it must have (not a number or boolean written
+            // the same: SQLite compares a string only with a string).
             for index in 0..query.metadata.len() {
                 let (key, value) = (6 + 2 * index, 7 + 2 * index);
                 if postgres {
-                    sql.push_str(&format!(" AND (metadata::jsonb ->> ${key}) = ${value}"));
+                    sql.push_str(&format!(
+                        " AND jsonb_typeof(metadata::jsonb -> ${key}) = 'string' AND (metadata::jsonb ->> ${key}) = ${value}"
+                    ));
                 } else {
                     sql.push_str(&format!(" AND json_extract(metadata, ${key}) = ${value}"));
                 }

@@ -450,6 +450,8 @@ async fn thread_contract(store: Arc<dyn RunStore>) {
         ..RunQuery::default()
     };
     assert!(listed(both).await.is_empty(), "every filter must hold");
+    let number = RunQuery { metadata: vec![("n".into(), "1".into())], limit: 10, ..RunQuery::default() };
+    assert!(listed(number).await.is_empty(), "a filter matches string values only");
     let found = threads.run_by_idempotency_key("acme", "run-1", since).await.unwrap().unwrap();
     assert_eq!((found.0.run_id, found.1.as_str()), (runs[1], "f1"));
     assert!(threads.run_by_idempotency_key("globex", "run-1", since).await.unwrap().is_none());

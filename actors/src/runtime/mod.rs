@@ -221,6 +221,9 @@ impl Runtime {
     /// run, and otherwise as `strategy` says.
     async fn submit_to_thread(&self, mut request: SubmitRequest, thread: ThreadRun) -> Result<RunRecord, SubmitError> {
         let thread_id = thread.thread_id;
+        let line = self.lines.line(thread_id);
+        let mut line = line.lock().await;
+        // Read under the line's lock: a thread being deleted holds it until it is gone.
         let stored = self.shared.store.threads().get_thread(thread_id).await?;
         let Some(stored) = stored.filter(|stored| stored.tenant == request.tenant) else {
             return Err(SubmitError::UnknownThread);
@@ -228,8 +231,6 @@ impl Runtime {
         if request.spec.agent.is_empty() {
             request.spec.agent = stored.agent;
         }
-        let line = self.lines.line(thread_id);
-        let mut line = line.lock().await;
         self.lines.start_next(&mut line, thread_id).await;
         let Some(active) = line.active else {
             let run = self.create(request, false).await?;
@@ -245,22 +246,40 @@ impl Runtime {
             MultitaskStrategy::Interrupt => Some(INTERRUPTED),
             MultitaskStrategy::Rollback => Some(ROLLED_BACK),
         };
-        if line.waiting.len() >= MAX_WAITING_PER_THREAD {
+        if reason.is_none() && line.waiting.len() >= MAX_WAITING_PER_THREAD {
             return Err(SubmitError::ThreadQueueFull { limit: MAX_WAITING_PER_THREAD });
         }
         let run = self.create(request, true).await?;
+        // The new run is durable first: if a cancel below is lost, the runs before
+        // it finish and it follows them. An interrupting message runs next: the
+        // runs waiting before it are cancelled too (before the active one, so that
+        // none of them starts), with the same reason.
+        let mut ahead = Vec::new();
+        if reason.is_some() {
+            ahead.extend(line.waiting.drain(..));
+        }
+        ahead.push(active);
         line.waiting.push_back(run.run_id);
+        if let Some(reason) = reason {
+            for run_id in &ahead[..ahead.len() - 1] {
+                self.cancel_quietly(*run_id, reason).await;
+            }
+        }
         drop(line);
         self.lines.announce(thread_id);
         if let Some(reason) = reason {
-            // The new run is durable first: if this cancel is lost, the active run
-            // finishes and the new one follows it.
-            match self.cancel_because(active, reason.to_owned()).await {
-                Ok(()) | Err(CancelError::AlreadyEnded(_) | CancelError::NotFound) => {}
-                Err(error) => warn!(run_id = %active, %error, "could not cancel a thread's active run"),
-            }
+            self.cancel_quietly(active, reason).await;
         }
         Ok(run)
+    }
+
+    /// Cancels a run of a thread with `reason`; one that has ended already (or is
+    /// gone) is left as it is.
+    async fn cancel_quietly(&self, run_id: RunId, reason: &str) {
+        match self.cancel_because(run_id, reason.to_owned()).await {
+            Ok(()) | Err(CancelError::AlreadyEnded(_) | CancelError::NotFound) => {}
+            Err(error) => warn!(run_id = %run_id, %error, "could not cancel a run of a thread"),
+        }
     }
 
     /// Creates a run: it starts now (or waits in the run queue for a slot), or,
@@ -380,27 +399,30 @@ impl Runtime {
     }
 
     /// Deletes a thread with its runs: those that have not ended are cancelled
-    /// first (the waiting ones before the active one, so none starts).
+    /// first (the waiting ones before the active one, so none starts). The
+    /// thread's line stays locked throughout: a message arriving meanwhile finds
+    /// the thread gone.
     pub async fn delete_thread(&self, thread_id: ThreadId) -> Result<(), CancelError> {
         let line = self.lines.line(thread_id);
         let mut guard = line.lock().await;
-        let waiting: Vec<RunId> = guard.waiting.drain(..).collect();
-        let active = guard.active;
-        drop(guard);
         let unfinished = self.thread_runs(thread_id).await?.into_iter().filter(|run| !run.status.is_terminal());
-        let mut order: Vec<RunId> = waiting;
-        order.extend(unfinished.map(|run| run.run_id).filter(|run_id| Some(*run_id) != active));
-        order.extend(active);
+        let mut order: Vec<RunId> = guard.waiting.iter().copied().collect();
+        for run in unfinished {
+            if !order.contains(&run.run_id) {
+                order.push(run.run_id);
+            }
+        }
+        // The active run last.
+        order.sort_by_key(|run_id| Some(*run_id) == guard.active);
         for run_id in order {
             match self.cancel_because(run_id, "its thread was deleted".to_owned()).await {
                 Ok(()) | Err(CancelError::AlreadyEnded(_) | CancelError::NotFound) => {}
                 Err(error) => return Err(error),
             }
+            guard.waiting.retain(|waiting| *waiting != run_id);
         }
         match self.shared.store.threads().delete_thread(thread_id).await {
             Ok(true) | Err(StoreError::ThreadNotFound(_)) => Ok(()),
-            // A run was added as it was deleted: it is refused now, and the
-            // client may try again.
             Ok(false) => Err(CancelError::Unavailable),
             Err(error) => Err(error.into()),
         }

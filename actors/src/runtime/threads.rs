@@ -97,7 +97,14 @@ impl Lines {
                 let mut ended = false;
                 let mut events =
                     events::subscribe(self.shared.hub.clone(), self.shared.store.clone(), run.run_id, after);
-                while let Some(event) = events.next().await {
+                loop {
+                    // A client that goes away while the run is quiet (parked for
+                    // hours) ends this at once, not at the run's next event.
+                    let event = tokio::select! {
+                        () = sender.closed() => return,
+                        event = events.next() => event,
+                    };
+                    let Some(event) = event else { break };
                     let event = match event {
                         Ok(event) => event,
                         Err(error) => {
@@ -126,7 +133,11 @@ impl Lines {
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
             }
-            // Every run is sent to its end: wait for the next one.
+            // Every run is sent to its end: wait for the next one, checking that
+            // the thread still exists every `IDLE_CHECK` (announcements of other
+            // threads do not put the check off).
+            let mut check = tokio::time::interval(IDLE_CHECK);
+            check.tick().await;
             loop {
                 tokio::select! {
                     () = sender.closed() => return,
@@ -135,7 +146,7 @@ impl Lines {
                         // Ours, or announcements were missed: list again.
                         _ => break,
                     },
-                    () = tokio::time::sleep(IDLE_CHECK) => {
+                    _ = check.tick() => {
                         let exists = self.shared.store.threads().get_thread(thread_id).await;
                         if self.shared.handles.shutting_down() || matches!(exists, Ok(None)) {
                             return;

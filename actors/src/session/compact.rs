@@ -93,7 +93,8 @@ pub fn fit(
     let mut fitted = Fitted { history: history.to_vec(), conversation: conversation.to_vec() };
     let over = |fitted: &Fitted| total(&fitted.history) + total(&fitted.conversation) > budget;
     let turns = turn_starts(&fitted.conversation);
-    let kept_from = turns.len().checked_sub(LAST_TURNS).map_or(usize::MAX, |index| turns[index]);
+    // Where the last turns begin (the first turn, when there are no more).
+    let kept_from = turns.len().checked_sub(LAST_TURNS).map_or(0, |index| turns[index]);
     let plan_at = latest_plan(&fitted.conversation);
 
     // 1. Older tool results, shortened.
@@ -293,6 +294,22 @@ mod tests {
 
     fn long(n: usize) -> String {
         "word ".repeat(n)
+    }
+
+    /// With one turn so far, its results are the last turn's: the history is
+    /// condensed first, and the results stay whole.
+    #[test]
+    fn a_first_turn_keeps_its_results_and_condenses_the_history() {
+        let history: Vec<Message> = (0..30)
+            .flat_map(|n| {
+                [Message::text(Role::User, format!("q{n} {}", long(40))), Message::text(Role::Assistant, long(80))]
+            })
+            .collect();
+        let found = format!("found: {}", long(300));
+        let conversation = vec![Message::text(Role::User, "the request"), call("s", "search"), result("s", &found)];
+        let fitted = fit(4096, "system", &[], &history, &conversation).expect("compacted");
+        assert_eq!(fitted.conversation, conversation, "the turn's results stay whole");
+        assert!(fitted.history[0].content.starts_with("Earlier in this conversation"));
     }
 
     #[test]

@@ -302,3 +302,21 @@ async fn a_long_thread_keeps_its_prompts_within_the_context_window() {
         [user("Where is parcel 22?"), assistant(&answer(22)), user("Where is parcel 23?")]
     );
 }
+
+/// An interrupting message runs next: the active run and the runs waiting
+/// before it are cancelled (all marked interrupted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interrupt_runs_next_cancelling_the_runs_waiting_before_it_too() {
+    let harness = Setup::new(ScriptedModel::queue(vec![Step::Hang, text("Only the last one.")])).start().await;
+    let thread_id = thread(&harness).await;
+    let first = send(&harness, thread_id, "first", MultitaskStrategy::Reject).await;
+    model_asked(&harness, 1).await;
+    let second = send(&harness, thread_id, "second", MultitaskStrategy::Enqueue).await;
+    let third = send(&harness, thread_id, "third", MultitaskStrategy::Interrupt).await;
+    for run in [first, second] {
+        let (record, _) = harness.finish(run).await;
+        assert_eq!((record.status, record.reason.as_deref()), (RunStatus::Cancelled, Some(INTERRUPTED)));
+    }
+    assert_eq!(harness.finish(third).await.0.final_output.as_deref(), Some("Only the last one."));
+    assert_eq!(harness.model.request_count(), 2, "the second message never reached the model");
+}
