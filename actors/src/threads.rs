@@ -29,11 +29,11 @@ pub enum MultitaskStrategy {
     Reject,
     /// Runs after the runs before it, in order.
     Enqueue,
-    /// The active run is cancelled (it stays in the history, marked); this one
-    /// runs next.
+    /// This one runs next: the active run and the runs waiting are cancelled
+    /// (they stay in the history, marked).
     Interrupt,
-    /// The active run is cancelled and removed from the history; this one runs
-    /// next.
+    /// This one runs next: the active run and the runs waiting are cancelled and
+    /// removed from the history.
     Rollback,
 }
 

@@ -148,9 +148,9 @@ pub struct CreateThreadRun {
     #[schema(value_type = Option<Object>)]
     pub metadata: Option<Metadata>,
     /// If the thread has an active run: `reject` (409, the default), `enqueue`
-    /// (runs after it), `interrupt` (it is cancelled, stays in the history
-    /// marked interrupted; this one runs next) or `rollback` (it is cancelled
-    /// and removed from the history).
+    /// (runs after it and the runs waiting), `interrupt` (this one runs next: the
+    /// active run and those waiting are cancelled, and stay in the history marked
+    /// interrupted) or `rollback` (the same, but they are removed from the history).
     #[serde(default)]
     #[schema(value_type = Option<String>, example = "enqueue")]
     pub multitask_strategy: Option<MultitaskStrategy>,
