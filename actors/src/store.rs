@@ -121,6 +121,19 @@ pub struct ThreadRecord {
     /// The idempotency key it was created under, if any.
     #[serde(skip)]
     pub idempotency: Option<Idempotency>,
+    /// What its earlier exchanges were condensed to by the model, if they were.
+    #[serde(default)]
+    pub summary: Option<ThreadSummary>,
+}
+
+/// A thread's earlier exchanges as the model condensed them: the runs up to
+/// `through` (included) are read as `text` in the history of later runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ThreadSummary {
+    /// The summary.
+    pub text: String,
+    /// The last run it covers.
+    pub through: RunId,
 }
 
 /// A thread listing.
@@ -320,7 +333,9 @@ pub trait RunStore: Send + Sync + 'static {
     async fn unfinished_runs(&self) -> Result<Vec<RunId>, StoreError>;
 
     /// Deletes up to `limit` runs that ended before `before`, with everything they
-    /// own; returns how many. Retention calls it in batches.
+    /// own; returns how many. Retention calls it in batches. A thread ages as a
+    /// whole: its runs are deleted once all of them ended before `before`, and a
+    /// thread left with no run (and unchanged since `before`) goes too.
     async fn delete_finished(&self, before: DateTime<Utc>, limit: usize) -> Result<usize, StoreError>;
 
     /// Deletes one run that has ended, with everything it owns (events, messages,
@@ -371,6 +386,9 @@ pub trait ThreadStore: Send + Sync + 'static {
         metadata: Metadata,
         now: DateTime<Utc>,
     ) -> Result<Option<ThreadRecord>, StoreError>;
+
+    /// Sets the thread's summary; `false` if there is no such thread.
+    async fn set_thread_summary(&self, thread_id: ThreadId, summary: ThreadSummary) -> Result<bool, StoreError>;
 
     /// Deletes a thread and its runs (with everything they own): `Ok(true)`;
     /// `Ok(false)` if one of its runs has not ended (nothing is deleted);
@@ -519,17 +537,29 @@ impl RunStore for MemoryStore {
     }
 
     async fn delete_finished(&self, before: DateTime<Utc>, limit: usize) -> Result<usize, StoreError> {
+        // An ended run takes no more writes, so its last update is when it ended.
+        let aged = |run: &RunRecord| run.status.is_terminal() && run.updated_at < before;
+        // A thread ages as a whole: its runs go once all of them have aged.
+        let young_threads: std::collections::HashSet<ThreadId> = self
+            .runs
+            .iter()
+            .filter(|entry| !aged(&entry.snapshot.run))
+            .filter_map(|entry| entry.snapshot.run.thread_id)
+            .collect();
         let doomed: Vec<RunId> = self
             .runs
             .iter()
-            // An ended run takes no more writes, so its last update is when it ended.
-            .filter(|entry| entry.snapshot.run.status.is_terminal() && entry.snapshot.run.updated_at < before)
+            .filter(|entry| aged(&entry.snapshot.run))
+            .filter(|entry| entry.snapshot.run.thread_id.is_none_or(|thread| !young_threads.contains(&thread)))
             .map(|entry| *entry.key())
             .take(limit)
             .collect();
         for run_id in &doomed {
             self.runs.remove(run_id);
         }
+        let with_runs: std::collections::HashSet<ThreadId> =
+            self.runs.iter().filter_map(|entry| entry.snapshot.run.thread_id).collect();
+        self.threads.retain(|thread_id, thread| thread.updated_at >= before || with_runs.contains(thread_id));
         Ok(doomed.len())
     }
 
@@ -625,6 +655,10 @@ impl ThreadStore for MemoryStore {
             thread.updated_at = now;
             thread.clone()
         }))
+    }
+
+    async fn set_thread_summary(&self, thread_id: ThreadId, summary: ThreadSummary) -> Result<bool, StoreError> {
+        Ok(self.threads.get_mut(&thread_id).map(|mut thread| thread.summary = Some(summary)).is_some())
     }
 
     async fn delete_thread(&self, thread_id: ThreadId) -> Result<bool, StoreError> {

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::llm::{Message, Role};
 use crate::protocol::{RunId, RunStatus};
-use crate::store::RunRecord;
+use crate::store::{RunRecord, ThreadSummary};
 
 /// The end reason of a run cancelled by a newer message of its thread.
 pub const INTERRUPTED: &str = "interrupted by a newer message in its thread";
@@ -94,10 +94,22 @@ fn answer(run: &RunRecord) -> Option<(String, bool)> {
     Some((note, interrupted))
 }
 
+/// How a thread's summary opens in the history.
+pub const SUMMARY_LEAD: &str = "Summary of the conversation so far: ";
+
 /// The conversation a run of a thread starts from: the messages of the runs
-/// before it (`earlier`, oldest first, all ended) as the model reads them.
-pub fn history(earlier: &[RunRecord]) -> Vec<Message> {
-    messages(earlier).into_iter().map(|message| Message::text(message.role, message.content)).collect()
+/// before it (`earlier`, oldest first, all ended) as the model reads them; the
+/// runs a `summary` covers are read as the summary.
+pub fn history(earlier: &[RunRecord], summary: Option<&ThreadSummary>) -> Vec<Message> {
+    let mut history = Vec::new();
+    let mut covered = 0;
+    if let Some(summary) = summary {
+        history.push(Message::text(Role::User, format!("{SUMMARY_LEAD}{}", summary.text)));
+        covered = earlier.iter().take_while(|run| run.run_id <= summary.through).count();
+    }
+    let rest = messages(&earlier[covered..]);
+    history.extend(rest.into_iter().map(|message| Message::text(message.role, message.content)));
+    history
 }
 
 #[cfg(test)]
@@ -139,8 +151,12 @@ mod tests {
                 (Role::User, "Still there?".into(), false),
             ]
         );
-        let prompt = history(&runs[..1]);
+        let prompt = history(&runs[..1], None);
         assert_eq!(prompt.len(), 2);
         assert_eq!((prompt[0].role, prompt[1].content.as_str()), (Role::User, "Two parcels [1]."));
+        let summary = ThreadSummary { text: "Two parcels come today.".into(), through: runs[1].run_id };
+        let summarised = history(&runs[..4], Some(&summary));
+        assert_eq!(summarised[0].content, format!("{SUMMARY_LEAD}Two parcels come today."));
+        assert_eq!(summarised[1].content, "And tomorrow?", "the runs after it follow (a rollback left out)");
     }
 }

@@ -17,6 +17,8 @@ CREATE TABLE threads (
     metadata            TEXT,
     idempotency_key     TEXT,
     request_fingerprint TEXT,
+    summary             TEXT,
+    summary_through     TEXT,
     created_at          TEXT NOT NULL,
     updated_at          TEXT NOT NULL
 );

@@ -50,7 +50,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use troupe_actors::protocol::{Plan, RunEvent, RunId, ThreadId};
 use troupe_actors::store::{
     Commit, Idempotency, Metadata, RunQuery, RunRecord, RunSnapshot, RunStore, StoreError, ThreadQuery, ThreadRecord,
-    ThreadStore,
+    ThreadStore, ThreadSummary,
 };
 
 use crate::store::encode::{read_batch, stamp};
@@ -353,6 +353,13 @@ fn thread_from_row(row: &impl Columns) -> Result<ThreadRecord, StoreError> {
         created_at: time(&row.text("created_at")?)?,
         updated_at: time(&row.text("updated_at")?)?,
         idempotency: idempotency_from(row)?,
+        summary: match (row.optional("summary")?, row.optional("summary_through")?) {
+            (Some(text), Some(through)) => Some(ThreadSummary {
+                text,
+                through: through.parse().map_err(|_| StoreError::Backend("bad stored run id".to_owned()))?,
+            }),
+            _ => None,
+        },
     })
 }
 
@@ -360,8 +367,8 @@ const RUN_COLUMNS: &str = "run_id, tenant, parent_run_id, agent, input, limits, 
                            final_output, created_at, updated_at, thread_id, metadata, idempotency_key, \
                            request_fingerprint";
 
-const THREAD_COLUMNS: &str =
-    "thread_id, tenant, agent, metadata, idempotency_key, request_fingerprint, created_at, updated_at";
+const THREAD_COLUMNS: &str = "thread_id, tenant, agent, metadata, idempotency_key, request_fingerprint, summary, summary_through, created_at, \
+     updated_at";
 
 #[async_trait]
 impl RunStore for SqlStore {
@@ -522,12 +529,25 @@ impl RunStore for SqlStore {
 
     async fn delete_finished(&self, before: DateTime<Utc>, limit: usize) -> Result<usize, StoreError> {
         with_pool!(self, |pool, _postgres| {
+            // A thread ages as a whole: its runs go once the newest has ended
+            // before `before` (a long conversation keeps its first messages while
+            // it goes on), then the thread itself.
             let deleted = sqlx::query(
                 "DELETE FROM runs WHERE run_id IN \
-                 (SELECT run_id FROM runs WHERE ended_at < $1 ORDER BY ended_at LIMIT $2)",
+                 (SELECT r.run_id FROM runs r WHERE r.ended_at < $1 AND (r.thread_id IS NULL OR NOT EXISTS \
+                 (SELECT 1 FROM runs t WHERE t.thread_id = r.thread_id AND (t.ended_at IS NULL OR t.ended_at >= $1))) \
+                 ORDER BY r.ended_at LIMIT $2)",
             )
             .bind(stamp(before))
             .bind(limit.min(i64::MAX as usize) as i64)
+            .execute(pool)
+            .await
+            .map_err(backend)?;
+            sqlx::query(
+                "DELETE FROM threads WHERE updated_at < $1 \
+                 AND NOT EXISTS (SELECT 1 FROM runs WHERE runs.thread_id = threads.thread_id)",
+            )
+            .bind(stamp(before))
             .execute(pool)
             .await
             .map_err(backend)?;
@@ -672,6 +692,19 @@ impl ThreadStore for SqlStore {
                 .map_err(backend)
         })?;
         self.get_thread(thread_id).await
+    }
+
+    async fn set_thread_summary(&self, thread_id: ThreadId, summary: ThreadSummary) -> Result<bool, StoreError> {
+        with_pool!(self, |pool, _postgres| {
+            sqlx::query("UPDATE threads SET summary = $2, summary_through = $3 WHERE thread_id = $1")
+                .bind(thread_id.to_string())
+                .bind(&summary.text)
+                .bind(summary.through.to_string())
+                .execute(pool)
+                .await
+                .map(|done| done.rows_affected() > 0)
+                .map_err(backend)
+        })
     }
 
     async fn delete_thread(&self, thread_id: ThreadId) -> Result<bool, StoreError> {

@@ -20,7 +20,7 @@ use troupe_actors::protocol::{
 };
 use troupe_actors::store::{
     Commit, Idempotency, MemoryStore, Metadata, RunQuery, RunRecord, RunSnapshot, RunStore, StoreError, StoreWrite,
-    StoredMessage, ThreadQuery, ThreadRecord,
+    StoredMessage, ThreadQuery, ThreadRecord, ThreadSummary,
 };
 use troupe_actors::testing::{EchoTool, LedgerTool, ScriptedModel, calls, text, todo};
 use troupe_actors::tool::ToolRegistry;
@@ -385,6 +385,7 @@ async fn thread_contract(store: Arc<dyn RunStore>) {
         created_at: Utc::now(),
         updated_at: Utc::now(),
         idempotency: key.map(|key| Idempotency { key: key.into(), fingerprint: format!("print-{key}") }),
+        summary: None,
     };
     let first = thread("acme", Some("k1"));
     let second = thread("acme", None);
@@ -417,6 +418,10 @@ async fn thread_contract(store: Arc<dyn RunStore>) {
     assert_eq!(updated.metadata, changed);
     assert_eq!(threads.get_thread(first.thread_id).await.unwrap().unwrap().metadata, changed);
     assert_eq!(threads.update_thread(ThreadId::new(), changed, Utc::now()).await.unwrap(), None);
+    let summary = ThreadSummary { text: "Ada asked about parcels.".into(), through: RunId::new() };
+    assert!(threads.set_thread_summary(first.thread_id, summary.clone()).await.unwrap());
+    assert_eq!(threads.get_thread(first.thread_id).await.unwrap().unwrap().summary, Some(summary.clone()));
+    assert!(!threads.set_thread_summary(ThreadId::new(), summary).await.unwrap());
 
     // Runs of the thread, with metadata and an idempotency key.
     let mut runs = Vec::new();
@@ -476,6 +481,30 @@ async fn thread_contract(store: Arc<dyn RunStore>) {
     assert!(store.get_run(loose).await.unwrap().is_some(), "a run of no thread stays");
     assert!(threads.get_thread(second.thread_id).await.unwrap().is_some(), "other threads stay");
     assert_eq!(threads.delete_thread(first.thread_id).await, Err(StoreError::ThreadNotFound(first.thread_id)));
+
+    // Retention ages a thread as a whole: an ended run of a thread that goes on
+    // stays; once every run has ended, the runs go, and then the thread.
+    let aged = thread("acme", None);
+    threads.create_thread(aged.clone()).await.unwrap();
+    let (early, late) = (RunId::new(), RunId::new());
+    for run_id in [early, late] {
+        let mut run = record(run_id, "acme");
+        run.thread_id = Some(aged.thread_id);
+        store.create_run(run, vec![]).await.unwrap();
+    }
+    let end = |run_id| Commit {
+        run_id,
+        writes: vec![StoreWrite::Status { status: RunStatus::Succeeded, reason: None }],
+        events: vec![event(run_id, 1, EventKind::RunEnd { status: RunStatus::Succeeded, reason: None })],
+    };
+    store.commit(&end(early)).await.unwrap();
+    let later = Utc::now() + chrono::Duration::seconds(5);
+    assert_eq!(store.delete_finished(later, 10).await.unwrap(), 0, "the thread goes on: its first run stays");
+    assert!(store.get_run(early).await.unwrap().is_some());
+    store.commit(&end(late)).await.unwrap();
+    assert_eq!(store.delete_finished(later, 10).await.unwrap(), 2);
+    assert_eq!(threads.get_thread(aged.thread_id).await.unwrap(), None, "then the thread goes");
+    assert!(store.get_run(loose).await.unwrap().is_some(), "a run that has not ended stays");
 }
 
 #[tokio::test]

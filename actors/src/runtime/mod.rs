@@ -48,6 +48,8 @@ pub use crate::run_input::{InputError, RunInput};
 pub use crate::shared::{RuntimeShared, end_run};
 pub use request::{CancelError, RuntimeError, SubmitError, SubmitRequest, Submitted, ThreadRun};
 pub use threads::MAX_WAITING_PER_THREAD as MAX_RUNS_WAITING_PER_THREAD;
+#[cfg(any(test, feature = "testing"))]
+pub(crate) use threads::SUMMARISE;
 
 /// What the runtime is built from.
 pub struct Deps {
@@ -233,6 +235,7 @@ impl Runtime {
         }
         self.lines.start_next(&mut line, thread_id).await;
         let Some(active) = line.active else {
+            self.lines.summarise_if_long(thread_id, &request.spec.agent).await;
             let run = self.create(request, false).await?;
             if !run.status.is_terminal() {
                 self.lines.activate(&mut line, thread_id, run.run_id, None);
@@ -388,6 +391,7 @@ impl Runtime {
             created_at: now,
             updated_at: now,
             idempotency,
+            summary: None,
         };
         threads.create_thread(thread.clone()).await?;
         Ok((thread, false))

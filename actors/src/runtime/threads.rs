@@ -10,6 +10,11 @@
 //! wait). A watcher follows the active run's events to its end, then the line
 //! moves on: the next run that has not ended joins the run queue and becomes
 //! active.
+//!
+//! Before a run of a thread starts, a history that takes more than half of its
+//! model's context window is summarised by that model (all but the last
+//! exchanges, with the summary before them), and the summary stored on the
+//! thread: later runs read it in place of the runs it covers.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -20,14 +25,23 @@ use tracing::warn;
 
 use crate::admission::{Admission, RunQueue};
 use crate::events;
+use crate::llm::{ChatRequest, Message, ModelChunk, Role, ToolChoice};
 use crate::metrics;
 use crate::protocol::{EventKind, RunEvent, RunId, ThreadId};
 use crate::shared::RuntimeShared;
-use crate::store::{RunQuery, RunRecord, StoreError};
+use crate::store::{RunQuery, RunRecord, StoreError, ThreadSummary};
 
 /// Where a thread's event stream sends: an event, or the store's failure (the
 /// last item).
 pub(crate) type ThreadEvents = tokio::sync::mpsc::Sender<Result<Arc<RunEvent>, StoreError>>;
+
+/// Exchanges at the end of a thread's history that a summary leaves verbatim.
+const KEEP_VERBATIM: usize = 2;
+
+/// What the model is told when it summarises a thread.
+pub(crate) const SUMMARISE: &str = "You condense conversations. Summarise the conversation below between a user and an \
+    assistant in at most 120 words: keep names, numbers, dates, amounts, decisions and what is still open. Write \
+    plain sentences, no preamble.";
 
 /// How often an idle thread stream checks that its thread still exists.
 const IDLE_CHECK: Duration = Duration::from_secs(15);
@@ -176,6 +190,75 @@ impl Lines {
         }
     }
 
+    /// If the history a run of `agent` would start from takes more than half of
+    /// its model's context window, has the model summarise all but its last
+    /// exchanges (with the summary before them) and stores the summary. On any
+    /// failure the history stays as it is (compaction still fits the prompt).
+    pub async fn summarise_if_long(&self, thread_id: ThreadId, agent: &str) {
+        let Some(agent) = self.shared.agents.get(agent) else { return };
+        let Some(model) = self.shared.models.get(agent.model.as_deref()) else { return };
+        let Some(window) = model.context_window() else { return };
+        let (Ok(Some(thread)), Ok(runs)) =
+            (self.shared.store.threads().get_thread(thread_id).await, self.runs(thread_id).await)
+        else {
+            return;
+        };
+        let ended: Vec<RunRecord> = runs.into_iter().filter(|run| run.status.is_terminal()).collect();
+        let history = crate::threads::history(&ended, thread.summary.as_ref());
+        if crate::session::compact::total(&history) <= window / 2 {
+            return;
+        }
+        let uncovered: Vec<RunRecord> = ended
+            .into_iter()
+            .filter(|run| thread.summary.as_ref().is_none_or(|summary| run.run_id > summary.through))
+            .filter(|run| !crate::threads::rolled_back(run))
+            .collect();
+        let Some(fold) = uncovered.len().checked_sub(KEEP_VERBATIM).filter(|fold| *fold > 0) else { return };
+        let mut lines: Vec<String> = crate::threads::messages(&uncovered[..fold])
+            .into_iter()
+            .map(|message| {
+                let who = if message.role == Role::User { "User" } else { "Assistant" };
+                format!("{who}: {}", message.content)
+            })
+            .collect();
+        // The request itself must fit the window: the oldest lines go first.
+        let room = window * 3 / 4;
+        while lines.len() > 1 && crate::session::compact::total(&[Message::text(Role::User, lines.join("\n"))]) > room {
+            lines.remove(0);
+        }
+        let mut transcript = String::new();
+        if let Some(summary) = &thread.summary {
+            transcript.push_str(&format!("(Earlier: {})\n", summary.text));
+        }
+        transcript.push_str(&lines.join("\n"));
+        let request = ChatRequest {
+            messages: vec![Message::text(Role::System, SUMMARISE), Message::text(Role::User, transcript)],
+            tools: Vec::new(),
+            tool_choice: ToolChoice::None,
+            max_tokens: Some(256),
+            temperature: Some(0.0),
+        };
+        let call = async {
+            let mut stream = model.chat(request).await.ok()?;
+            while let Some(chunk) = stream.next().await {
+                if let Ok(ModelChunk::Done(reply)) = chunk {
+                    return Some(reply.content);
+                }
+                chunk.ok()?;
+            }
+            None
+        };
+        let text = tokio::time::timeout(self.shared.config.model_timeout, call).await.ok().flatten();
+        let Some(text) = text.map(|text| text.trim().to_owned()).filter(|text| !text.is_empty()) else {
+            warn!(thread_id = %thread_id, "the model gave no summary of a long thread; its history is compacted instead");
+            return;
+        };
+        let summary = ThreadSummary { text, through: uncovered[fold - 1].run_id };
+        if let Err(error) = self.shared.store.threads().set_thread_summary(thread_id, summary).await {
+            warn!(thread_id = %thread_id, %error, "cannot store a thread's summary");
+        }
+    }
+
     /// Makes `run_id` the thread's active run: it joins the run queue if `queue`
     /// (a run created to start now is started by its submission instead), and a
     /// watcher moves the line on when it ends.
@@ -244,6 +327,7 @@ impl Lines {
         while let Some(next) = line.waiting.pop_front() {
             match self.shared.store.get_run(next).await {
                 Ok(Some(run)) if !run.status.is_terminal() => {
+                    self.summarise_if_long(thread_id, &run.agent).await;
                     self.activate(line, thread_id, next, Some(&run.tenant));
                     return;
                 }

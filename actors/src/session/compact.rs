@@ -62,7 +62,8 @@ fn message_tokens(message: &Message) -> usize {
     tokens(&message.content) + calls + MESSAGE_OVERHEAD
 }
 
-fn total(messages: &[Message]) -> usize {
+/// Estimated tokens of `messages` (high: see the module doc).
+pub(crate) fn total(messages: &[Message]) -> usize {
     messages.iter().map(message_tokens).sum()
 }
 

@@ -34,7 +34,7 @@
 //! `state.rs` (which imports neither); this file imports only from `state.rs`,
 //! and only calls the methods the others add.
 
-mod compact;
+pub(crate) mod compact;
 mod input;
 mod model;
 mod outbox;

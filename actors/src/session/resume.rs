@@ -273,7 +273,10 @@ async fn thread_history(store: &dyn RunStore, thread_id: ThreadId, run_id: RunId
     let mut earlier = store.list_runs(query).await?;
     earlier.reverse();
     earlier.retain(|run| run.status.is_terminal());
-    Ok(crate::threads::history(&earlier))
+    let summary = store.threads().get_thread(thread_id).await?.and_then(|thread| thread.summary);
+    // A summary covers only runs before this one.
+    let summary = summary.filter(|summary| summary.through < run_id);
+    Ok(crate::threads::history(&earlier, summary.as_ref()))
 }
 
 fn canonical_conversation(input: &str, messages: &[StoredMessage]) -> Vec<Message> {

@@ -112,6 +112,8 @@ pub struct ScriptedModel {
     verbose: bool,
     /// The context window it reports.
     context_window: Option<usize>,
+    /// What it answers when asked to summarise a thread (outside the script).
+    summary: Option<String>,
 }
 
 impl ScriptedModel {
@@ -134,7 +136,15 @@ impl ScriptedModel {
             count: AtomicUsize::new(0),
             verbose: true,
             context_window: None,
+            summary: None,
         }
+    }
+
+    /// Answers a request to summarise a thread with `text`, outside the script
+    /// (such requests are kept with the others).
+    pub fn summarising(mut self, text: &str) -> Self {
+        self.summary = Some(text.to_owned());
+        self
     }
 
     /// Reports a context window of `tokens`.
@@ -185,7 +195,11 @@ impl ModelClient for ScriptedModel {
     }
 
     async fn chat(&self, request: ChatRequest) -> Result<ModelStream, ModelError> {
-        let step = self.next_step(&request);
+        let asks_summary = request.messages.first().is_some_and(|m| m.content == crate::runtime::SUMMARISE);
+        let step = match &self.summary {
+            Some(summary) if asks_summary => text(summary),
+            _ => self.next_step(&request),
+        };
         self.count.fetch_add(1, Ordering::SeqCst);
         if self.verbose
             && let Ok(mut requests) = self.requests.lock()

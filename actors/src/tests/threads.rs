@@ -272,14 +272,15 @@ async fn an_idempotency_key_returns_the_first_run_also_after_a_restart() {
 }
 
 /// A thread longer than the model's context window: every run still gets a
-/// prompt that fits (the older exchanges condensed into a note), and the newest
-/// exchange stays verbatim.
+/// prompt that fits (the older exchanges summarised by the model, the summary
+/// stored on the thread), and the newest exchanges stay verbatim.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_thread_keeps_its_prompts_within_the_context_window() {
     let window = 2048;
     let answer = |n: usize| format!("Answer {n}: {}", "the parcel is on its way. ".repeat(24));
     let answers: Vec<Step> = (0..24).map(|n| text(&answer(n))).collect();
-    let mut setup = Setup::new(ScriptedModel::queue(answers).with_context_window(window));
+    let summary = "Ada asked where her parcels are; each is on its way.";
+    let mut setup = Setup::new(ScriptedModel::queue(answers).with_context_window(window).summarising(summary));
     setup.agent_tools = Some(vec!["echo".to_owned()]);
     let harness = setup.start().await;
     let thread_id = thread(&harness).await;
@@ -288,6 +289,10 @@ async fn a_long_thread_keeps_its_prompts_within_the_context_window() {
         assert_eq!(harness.finish(run).await.0.status, RunStatus::Succeeded, "message {n}");
     }
     let requests = harness.requests();
+    let asked_to_summarise = requests.iter().filter(|r| r.messages[0].content == crate::runtime::SUMMARISE).count();
+    assert!(asked_to_summarise > 0, "the long history was summarised");
+    let stored = harness.runtime.store().threads().get_thread(thread_id).await.unwrap().unwrap();
+    assert_eq!(stored.summary.map(|summary| summary.text), Some(summary.to_owned()));
     for (n, request) in requests.iter().enumerate() {
         // Three characters a token is the estimate's floor: a prompt within it fits.
         let chars: usize = request.messages.iter().map(|m| m.content.chars().count()).sum::<usize>()
@@ -295,8 +300,8 @@ async fn a_long_thread_keeps_its_prompts_within_the_context_window() {
         assert!(chars / 3 < window, "request {n}: {chars} characters");
     }
     let last = said(requests.last().unwrap());
-    assert!(last[0].1.starts_with("Earlier in this conversation (condensed"), "{:?}", last[0]);
-    assert!(last[0].1.contains("Where is parcel 2"), "the condensed note keeps older questions");
+    assert_eq!(last[0].1, format!("{}{summary}", crate::threads::SUMMARY_LEAD), "the summary opens the history");
+    assert!(!last.iter().any(|(_, content)| content == "Where is parcel 2?"), "older messages are summarised");
     assert_eq!(
         last[last.len() - 3..],
         [user("Where is parcel 22?"), assistant(&answer(22)), user("Where is parcel 23?")]
