@@ -313,6 +313,28 @@ mod tests {
         assert!(fitted.history[0].content.starts_with("Earlier in this conversation"));
     }
 
+    /// A run parked on calls waiting for approval: its last reply (the calls,
+    /// no results yet) stays whole however much else is left out.
+    #[test]
+    fn calls_waiting_for_approval_survive_compaction() {
+        let mut conversation = vec![Message::text(Role::User, "pay my invoices")];
+        for n in 0..8 {
+            let id = format!("s{n}");
+            conversation.push(call(&id, "search"));
+            conversation.push(result(&id, &format!("invoice {n}: {}", long(300))));
+        }
+        let pending = Message {
+            role: Role::Assistant,
+            content: String::new(),
+            tool_calls: vec![ToolCall { call_id: "p".into(), name: "pay".into(), args: json!({"invoice": 7}) }],
+            tool_call_id: None,
+        };
+        conversation.push(pending.clone());
+        let fitted = fit(2048, "system", &[], &[], &conversation).expect("compacted");
+        assert_eq!(fitted.conversation.last(), Some(&pending));
+        assert_eq!(fitted.conversation[0].content, "pay my invoices");
+    }
+
     #[test]
     fn a_prompt_that_fits_is_unchanged() {
         let history = vec![Message::text(Role::User, "hi"), Message::text(Role::Assistant, "hello")];
