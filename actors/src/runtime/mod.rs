@@ -235,7 +235,16 @@ impl Runtime {
         }
         self.lines.start_next(&mut line, thread_id).await;
         let Some(active) = line.active else {
-            self.lines.summarise_if_long(thread_id, &request.spec.agent).await;
+            if self.lines.is_long(thread_id, &request.spec.agent).await {
+                // Its history is summarised first, by a model call no request
+                // waits for: it waits on the thread until then.
+                let run = self.create(request, true).await?;
+                line.waiting.push_back(run.run_id);
+                drop(line);
+                self.lines.announce(thread_id);
+                self.lines.start_next_soon(thread_id);
+                return Ok(run);
+            }
             let run = self.create(request, false).await?;
             if !run.status.is_terminal() {
                 self.lines.activate(&mut line, thread_id, run.run_id, None);

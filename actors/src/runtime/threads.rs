@@ -43,6 +43,14 @@ pub(crate) const SUMMARISE: &str = "You condense conversations. Summarise the co
     assistant in at most 120 words: keep names, numbers, dates, amounts, decisions and what is still open. Write \
     plain sentences, no preamble.";
 
+/// A thread whose history is to be summarised, with what summarising it needs.
+struct Long {
+    model: Arc<dyn crate::llm::ModelClient>,
+    window: usize,
+    thread: crate::store::ThreadRecord,
+    ended: Vec<RunRecord>,
+}
+
 /// How often an idle thread stream checks that its thread still exists.
 const IDLE_CHECK: Duration = Duration::from_secs(15);
 
@@ -195,19 +203,7 @@ impl Lines {
     /// exchanges (with the summary before them) and stores the summary. On any
     /// failure the history stays as it is (compaction still fits the prompt).
     pub async fn summarise_if_long(&self, thread_id: ThreadId, agent: &str) {
-        let Some(agent) = self.shared.agents.get(agent) else { return };
-        let Some(model) = self.shared.models.get(agent.model.as_deref()) else { return };
-        let Some(window) = model.context_window() else { return };
-        let (Ok(Some(thread)), Ok(runs)) =
-            (self.shared.store.threads().get_thread(thread_id).await, self.runs(thread_id).await)
-        else {
-            return;
-        };
-        let ended: Vec<RunRecord> = runs.into_iter().filter(|run| run.status.is_terminal()).collect();
-        let history = crate::threads::history(&ended, thread.summary.as_ref());
-        if crate::session::compact::total(&history) <= window / 2 {
-            return;
-        }
+        let Some(Long { model, window, thread, ended }) = self.long_history(thread_id, agent).await else { return };
         let uncovered: Vec<RunRecord> = ended
             .into_iter()
             .filter(|run| thread.summary.as_ref().is_none_or(|summary| run.run_id > summary.through))
@@ -257,6 +253,38 @@ impl Lines {
         if let Err(error) = self.shared.store.threads().set_thread_summary(thread_id, summary).await {
             warn!(thread_id = %thread_id, %error, "cannot store a thread's summary");
         }
+    }
+
+    /// What summarising the thread's history needs, if a run of `agent` would
+    /// start from a history over half of its model's context window.
+    async fn long_history(&self, thread_id: ThreadId, agent: &str) -> Option<Long> {
+        let agent = self.shared.agents.get(agent)?;
+        let model = self.shared.models.get(agent.model.as_deref())?;
+        let window = model.context_window()?;
+        let thread = self.shared.store.threads().get_thread(thread_id).await.ok()??;
+        let runs = self.runs(thread_id).await.ok()?;
+        let ended: Vec<RunRecord> = runs.into_iter().filter(|run| run.status.is_terminal()).collect();
+        let history = crate::threads::history(&ended, thread.summary.as_ref());
+        (crate::session::compact::total(&history) > window / 2).then_some(Long { model, window, thread, ended })
+    }
+
+    /// Whether a run of `agent` would start from a history to summarise first.
+    pub async fn is_long(&self, thread_id: ThreadId, agent: &str) -> bool {
+        self.long_history(thread_id, agent).await.is_some()
+    }
+
+    /// Moves the line on in a task of its own (a summary to make first takes a
+    /// model call, which no request waits for).
+    pub fn start_next_soon(self: &Arc<Self>, thread_id: ThreadId) {
+        let lines = self.clone();
+        tokio::spawn(async move {
+            let line = lines.line(thread_id);
+            let mut guard = line.lock().await;
+            lines.start_next(&mut guard, thread_id).await;
+            drop(guard);
+            drop(line);
+            lines.forget_if_idle(thread_id);
+        });
     }
 
     /// Makes `run_id` the thread's active run: it joins the run queue if `queue`
