@@ -266,17 +266,13 @@ impl Runtime {
         // it finish and it follows them. An interrupting message runs next: the
         // runs waiting before it are cancelled too (before the active one, so that
         // none of them starts), with the same reason.
-        let mut ahead = Vec::new();
-        if reason.is_some() {
-            ahead.extend(line.waiting.drain(..));
-        }
-        ahead.push(active);
-        line.waiting.push_back(run.run_id);
         if let Some(reason) = reason {
-            for run_id in &ahead[..ahead.len() - 1] {
-                self.cancel_quietly(*run_id, reason).await;
+            let ahead: Vec<RunId> = line.waiting.drain(..).collect();
+            for run_id in ahead {
+                self.cancel_quietly(run_id, reason).await;
             }
         }
+        line.waiting.push_back(run.run_id);
         drop(line);
         self.lines.announce(thread_id);
         if let Some(reason) = reason {
