@@ -263,6 +263,10 @@ enum RunsCommand {
         /// Follow its events to the end.
         #[arg(long)]
         follow: bool,
+        /// Every step of its reasoning: tool calls with arguments, latency and
+        /// status, reviews, plan changes, the model's reasoning text.
+        #[arg(long, conflicts_with = "follow")]
+        reasoning: bool,
         #[command(flatten)]
         remote: RemoteArgs,
     },
@@ -393,7 +397,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 async fn remote_runs(command: RunsCommand) -> anyhow::Result<ExitCode> {
     match command {
         RunsCommand::List { status, limit, remote } => remote::list(remote.into(), status, limit).await,
-        RunsCommand::Show { id, follow, remote } => remote::show(remote.into(), id, follow).await,
+        RunsCommand::Show { id, follow, reasoning, remote } => remote::show(remote.into(), id, follow, reasoning).await,
         RunsCommand::Cancel { id, remote } => remote::cancel(remote.into(), id).await,
         RunsCommand::Approve { id, call_id, reject, reason, remote } => {
             remote::approve(remote.into(), id, call_id, reject, reason).await

@@ -5,10 +5,11 @@
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
-use troupe_actors::protocol::RunStatus;
+use troupe_actors::protocol::{RunEvent, RunStatus};
 
 use crate::cli::client::Client;
 use crate::cli::view::View;
+use crate::reasoning::Block;
 use crate::server::api_types::RunView;
 
 /// Where the daemon is.
@@ -72,9 +73,27 @@ pub async fn list(remote: Remote, status: Option<String>, limit: usize) -> anyho
     Ok(ExitCode::SUCCESS)
 }
 
-/// `troupe runs show`: one run; with `follow`, its events to the end.
-pub async fn show(remote: Remote, id: String, follow: bool) -> anyhow::Result<ExitCode> {
+/// `troupe runs show`: one run; with `follow`, its events to the end; with
+/// `reasoning`, every step of its reasoning block (a run still going is read
+/// until it ends or waits for a person).
+pub async fn show(remote: Remote, id: String, follow: bool, reasoning: bool) -> anyhow::Result<ExitCode> {
     let client = remote.client()?;
+    if reasoning {
+        let mut lines = Vec::new();
+        client.follow(&id, None, &mut lines).await?;
+        let events = lines
+            .split(|byte| *byte == b'\n')
+            .filter(|line| !line.is_empty())
+            .map(serde_json::from_slice::<RunEvent>)
+            .collect::<Result<Vec<_>, _>>()?;
+        let block = Block::of(&events);
+        if remote.json {
+            println!("{}", serde_json::to_string_pretty(&block)?);
+        } else {
+            crate::cli::view::expanded(&mut std::io::stdout(), &block)?;
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     if follow {
         return follow_run(&client, &id, remote.json).await;
     }

@@ -1,155 +1,114 @@
-//! The terminal view of a run's events, shared by `troupe demo` and
-//! `troupe run --follow`: the plan as a checklist, each tool call with its latency
-//! and status, a live reasoning line (a spinner, "Reasoning · 9s" and the last two
-//! steps) that collapses to "Thought for 12s" when the answer arrives, then the
-//! answer with its citations. On a terminal the reasoning line redraws in place;
-//! elsewhere (a pipe, a log) steps are printed as plain lines and nothing redraws.
+//! The terminal view of a run's events, shared by `troupe demo`, `troupe run
+//! --follow` and `troupe chat`: the plan as a checklist, each tool call with its
+//! latency and status, the reasoning block (`crate::reasoning`: "Reasoning · 9s"
+//! with the last two steps, collapsing to "▸ Thought for 12s" when the answer
+//! starts), then the answer with its citations. On a terminal the block redraws
+//! in place, every line cut to the terminal's width so that a redraw never leaves
+//! a line behind; elsewhere (a pipe, a log) its steps are printed as plain lines
+//! and nothing redraws. Durations come from the events' timestamps: a replay shows
+//! what the live run showed.
 
-use std::collections::VecDeque;
 use std::io::Write;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use chrono::Utc;
 use troupe_actors::planner;
-use troupe_actors::protocol::{CallStatus, EventKind, ReviewStatus, RunEvent, RunStatus, ThoughtStage};
+use troupe_actors::protocol::{CallStatus, EventKind, RunEvent, RunStatus};
+
+use crate::reasoning::{Block, Phase, StepKind};
 
 const SPINNER: &[char] = &['⠋', '⠙', '⠹', '⠸', '⠼', '⠴', '⠦', '⠧', '⠇', '⠏'];
 
 /// How often [`View::tick`] should be called on a terminal.
 pub const TICK: Duration = Duration::from_millis(100);
 
+/// Columns assumed when the width cannot be read.
+const DEFAULT_WIDTH: usize = 80;
+
 /// What the view has shown so far.
 pub struct View {
     live: bool,
-    thinking_since: Option<Instant>,
-    steps: VecDeque<String>,
-    line_shown: bool,
+    width: usize,
+    block: Block,
     frame: usize,
-    answer_streamed: bool,
+    /// Rows of the live block on screen (0: none); the cursor is on its last row.
+    live_rows: usize,
+    /// The answer text written so far.
+    written: String,
+    /// Rows from the "Thought for" line (or the answer's first row) to the
+    /// cursor's, and the cursor's column (live view only: to erase an answer that
+    /// becomes a draft).
+    answer_rows: usize,
+    answer_column: usize,
     /// The cursor is after streamed answer text, mid-line.
     mid_line: bool,
-    started: Instant,
+    /// Steps already printed (piped view).
+    steps_printed: usize,
 }
 
 impl View {
-    /// A view; `live` redraws the reasoning line in place (a terminal).
+    /// A view; `live` redraws the reasoning block in place (a terminal), cut to
+    /// the terminal's width.
     pub fn new(live: bool) -> Self {
+        Self::with_width(live, terminal_width().unwrap_or(DEFAULT_WIDTH))
+    }
+
+    /// A view for a terminal of `width` columns.
+    pub fn with_width(live: bool, width: usize) -> Self {
         Self {
             live,
-            thinking_since: None,
-            steps: VecDeque::new(),
-            line_shown: false,
+            width: width.max(20),
+            block: Block::new(),
             frame: 0,
-            answer_streamed: false,
+            live_rows: 0,
+            written: String::new(),
+            answer_rows: 0,
+            answer_column: 0,
             mid_line: false,
-            started: Instant::now(),
+            steps_printed: 0,
         }
     }
 
     /// Shows one event. Returns the run's status when the event ends the run.
     pub fn event(&mut self, out: &mut impl Write, event: &RunEvent) -> std::io::Result<Option<RunStatus>> {
+        let phase = self.block.phase;
+        let drafts = self.block.drafts.len();
+        self.block.apply(event);
+        if self.block.drafts.len() > drafts {
+            self.retract_answer(out)?;
+        }
+        self.permanent(out, event)?;
+        if !self.live {
+            self.print_steps(out)?;
+        }
+        if phase != Phase::Collapsed && self.block.phase == Phase::Collapsed
+            || phase == Phase::Reasoning && self.block.phase == Phase::Complete
+        {
+            self.clear(out)?;
+            self.end_line(out)?;
+            writeln!(out, "▸ Thought for {}", seconds(self.block.thought_ms))?;
+            // The line goes with the answer it opens: a draft takes both back.
+            self.answer_rows = 2;
+            self.answer_column = 0;
+        }
         match &event.kind {
-            EventKind::RunStarted { agent, input } => {
-                self.lines(out, &format!("▶ run {} · agent {agent}\n  {input}", event.run_id))?;
-            }
-            EventKind::TurnStart { turn } => {
-                self.thinking_since.get_or_insert_with(Instant::now);
-                self.step(out, format!("turn {turn}"))?;
-            }
-            EventKind::ReasoningStep { summary, .. } => self.step(out, summary.clone())?,
-            EventKind::Thought { stage, thought, .. } => {
-                let text = match stage {
-                    ThoughtStage::BeforeActing => format!("thought: {}", thought.understanding),
-                    ThoughtStage::AfterResponse if thought.complete => {
-                        format!("reflection: complete · {}", thought.why)
-                    }
-                    ThoughtStage::AfterResponse => format!("reflection: not complete · {}", thought.why),
-                };
-                self.step(out, text)?;
-            }
-            EventKind::ToolCallEnd { tool, status, duration_ms, summary, .. } => {
-                let mark = if *status == CallStatus::Completed { "✓" } else { "✗" };
-                let state =
-                    if *status == CallStatus::Completed { String::new() } else { format!(" {}", status.as_str()) };
-                // The plan is shown by `plan_updated`; other results get one short line.
-                let shown: String = if tool == "todo_write" {
-                    String::new()
-                } else {
-                    summary.lines().next().unwrap_or_default().chars().take(100).collect()
-                };
-                self.lines(out, format!("  {mark} {tool}{state} · {duration_ms} ms  {shown}").trim_end())?;
-            }
-            EventKind::ToolSkipped { tool, reason, detail, .. } => {
-                self.lines(out, &format!("  ⊘ {tool} skipped ({}): {detail}", reason.as_str()))?;
-            }
-            EventKind::PlanUpdated { plan } => {
-                let mut text = format!("  plan v{}:", plan.version);
-                for item in &plan.items {
-                    text.push_str(&format!("\n    {} {}", planner::marker(item.status), item.content));
-                }
-                self.lines(out, &text)?;
-            }
-            EventKind::Review { review, .. } => {
-                let degraded = if review.status == ReviewStatus::Degraded { " (degraded)" } else { "" };
-                let summary = format!(
-                    "review: {} · quality {:.2} · completeness {:.2}{degraded}",
-                    review.recommendation.as_str(),
-                    review.quality_score,
-                    review.completeness
-                );
-                self.step(out, summary)?;
-            }
-            EventKind::AssistantDelta { text, reasoning: false, .. } => {
-                self.collapse(out)?;
-                self.answer_streamed = true;
-                self.mid_line = true;
-                write!(out, "{text}")?;
-            }
-            EventKind::WaitingInput { prompt, .. } => {
-                self.lines(out, &format!("  ? {prompt}\n  (answer with: troupe runs input {} \"…\")", event.run_id))?;
-            }
-            EventKind::InputReceived { text } => self.lines(out, &format!("  ↳ {text}"))?,
-            EventKind::ApprovalRequested { tool, call_id, reason, .. } => {
-                let text = format!(
-                    "  ⏸ {tool} waits for approval: {reason}\n  (troupe runs approve {} --call {call_id} [--reject --reason …])",
-                    event.run_id
-                );
-                self.lines(out, &text)?;
-            }
-            EventKind::ApprovalDecided { tool, approved, reason, .. } => {
-                let verdict = if *approved { "approved" } else { "rejected" };
-                let reason = reason.as_ref().map(|reason| format!(": {reason}")).unwrap_or_default();
-                self.lines(out, &format!("  ↳ {tool} {verdict}{reason}"))?;
-            }
-            EventKind::DecodeError { detail, .. } => {
-                self.lines(out, &format!("  ! could not decode a tool call: {detail}"))?;
-            }
-            EventKind::Error { code, message } => self.lines(out, &format!("  ! {code}: {message}"))?,
-            EventKind::ModelRetry { attempt, message, retry_in_ms, .. } => {
-                let seconds = *retry_in_ms as f64 / 1000.0;
-                self.lines(
-                    out,
-                    &format!("  … the model failed ({message}); asking again in {seconds:.0} s (try {attempt})"),
-                )?;
-            }
-            EventKind::FinalOutput { text, citations } => {
-                self.collapse(out)?;
-                if !self.answer_streamed {
-                    writeln!(out, "{text}")?;
-                }
+            EventKind::AssistantDelta { reasoning: false, .. } if self.live => self.write_answer(out)?,
+            EventKind::FinalOutput { citations, .. } => {
+                self.write_answer(out)?;
                 self.end_line(out)?;
+                self.answer_rows = 0;
                 for citation in citations {
                     let fragment = &citation.fragment;
                     let title = if fragment.title.is_empty() { &fragment.id } else { &fragment.title };
                     writeln!(out, "  [{}] {title} — {}", citation.marker, fragment.source)?;
                 }
-                self.answer_streamed = false;
             }
             EventKind::RunEnd { status, reason } => {
                 self.clear(out)?;
                 self.end_line(out)?;
                 let mark = if *status == RunStatus::Succeeded { "■" } else { "✘" };
                 let reason = reason.as_ref().map(|reason| format!(": {reason}")).unwrap_or_default();
-                let elapsed = self.started.elapsed().as_secs_f64();
+                let elapsed = self.block.elapsed_ms(Utc::now()) as f64 / 1000.0;
                 writeln!(out, "{mark} {}{reason} · {elapsed:.1}s", status.as_str())?;
                 out.flush()?;
                 return Ok(Some(*status));
@@ -161,9 +120,14 @@ impl View {
         Ok(None)
     }
 
-    /// Advances the spinner and redraws the reasoning line (terminals only).
+    /// The block as the events so far made it.
+    pub fn block(&self) -> &Block {
+        &self.block
+    }
+
+    /// Advances the spinner and redraws the reasoning block (terminals only).
     pub fn tick(&mut self, out: &mut impl Write) -> std::io::Result<()> {
-        if self.live && self.thinking_since.is_some() {
+        if self.live && self.block.phase == Phase::Reasoning {
             self.frame = (self.frame + 1) % SPINNER.len();
             self.redraw(out)?;
             out.flush()?;
@@ -171,11 +135,83 @@ impl View {
         Ok(())
     }
 
-    /// Clears the live line before the caller prints something of its own.
+    /// Clears the live block before the caller prints something of its own.
     pub fn clear(&mut self, out: &mut impl Write) -> std::io::Result<()> {
-        if self.line_shown {
-            write!(out, "\r\x1b[2K")?;
-            self.line_shown = false;
+        if self.live_rows > 0 {
+            erase_rows(out, self.live_rows)?;
+            self.live_rows = 0;
+        }
+        Ok(())
+    }
+
+    /// Lines that stay: the run's start, tool calls, the plan, questions,
+    /// approvals and problems.
+    fn permanent(&mut self, out: &mut impl Write, event: &RunEvent) -> std::io::Result<()> {
+        let text = match &event.kind {
+            EventKind::RunStarted { agent, input } => format!("▶ run {} · agent {agent}\n  {input}", event.run_id),
+            EventKind::ToolCallEnd { tool, status, duration_ms, summary, .. } => {
+                let mark = if *status == CallStatus::Completed { "✓" } else { "✗" };
+                let state =
+                    if *status == CallStatus::Completed { String::new() } else { format!(" {}", status.as_str()) };
+                // The plan is shown by `plan_updated`; other results get one short line.
+                let shown = if tool == "todo_write" {
+                    String::new()
+                } else {
+                    crate::reasoning::clip(summary.lines().next().unwrap_or_default(), 100)
+                };
+                format!("  {mark} {tool}{state} · {duration_ms} ms  {shown}").trim_end().to_owned()
+            }
+            EventKind::ToolSkipped { tool, reason, detail, .. } => {
+                format!("  ⊘ {tool} skipped ({}): {detail}", reason.as_str())
+            }
+            EventKind::PlanUpdated { plan } => {
+                let mut text = format!("  plan v{}:", plan.version);
+                for item in &plan.items {
+                    text.push_str(&format!("\n    {} {}", planner::marker(item.status), item.content));
+                }
+                text
+            }
+            EventKind::WaitingInput { prompt, .. } => {
+                format!("  ? {prompt}\n  (answer with: troupe runs input {} \"…\")", event.run_id)
+            }
+            EventKind::InputReceived { text } => format!("  ↳ {text}"),
+            EventKind::ApprovalRequested { tool, call_id, reason, .. } => format!(
+                "  ⏸ {tool} waits for approval: {reason}\n  (troupe runs approve {} --call {call_id} [--reject --reason …])",
+                event.run_id
+            ),
+            EventKind::ApprovalDecided { tool, approved, reason, .. } => {
+                let verdict = if *approved { "approved" } else { "rejected" };
+                let reason = reason.as_ref().map(|reason| format!(": {reason}")).unwrap_or_default();
+                format!("  ↳ {tool} {verdict}{reason}")
+            }
+            EventKind::DecodeError { detail, .. } => format!("  ! could not decode a tool call: {detail}"),
+            EventKind::Error { code, message } => format!("  ! {code}: {message}"),
+            EventKind::ModelRetry { attempt, message, retry_in_ms, .. } => {
+                let seconds = *retry_in_ms as f64 / 1000.0;
+                format!("  … the model failed ({message}); asking again in {seconds:.0} s (try {attempt})")
+            }
+            _ => return Ok(()),
+        };
+        self.lines(out, &text)
+    }
+
+    /// The piped view's steps: each headline step the permanent lines do not
+    /// already say, once (the model's reasoning text once it is whole).
+    fn print_steps(&mut self, out: &mut impl Write) -> std::io::Result<()> {
+        let said = |kind: StepKind| matches!(kind, StepKind::Approval | StepKind::Question | StepKind::Problem);
+        while let Some(step) = self.block.steps.get(self.steps_printed) {
+            let open = self.steps_printed + 1 == self.block.steps.len()
+                && step.call_id.as_deref() == Some("reasoning")
+                && self.block.phase == Phase::Reasoning;
+            if open {
+                break;
+            }
+            self.steps_printed += 1;
+            if step.headline && !said(step.kind) {
+                let line = format!("  · {}", step.summary);
+                self.end_line(out)?;
+                writeln!(out, "{line}")?;
+            }
         }
         Ok(())
     }
@@ -188,99 +224,210 @@ impl View {
         Ok(())
     }
 
-    /// A reasoning step: kept for the live line, or printed where nothing redraws.
-    fn step(&mut self, out: &mut impl Write, step: String) -> std::io::Result<()> {
-        if !self.live {
-            self.end_line(out)?;
-            writeln!(out, "  · {step}")?;
-        }
-        self.steps.push_back(step);
-        while self.steps.len() > 2 {
-            self.steps.pop_front();
-        }
-        Ok(())
-    }
-
-    /// Permanent lines, printed above the live line.
+    /// Permanent lines, printed above the live block.
     fn lines(&mut self, out: &mut impl Write, text: &str) -> std::io::Result<()> {
         self.clear(out)?;
         self.end_line(out)?;
+        self.answer_rows = 0;
         writeln!(out, "{text}")
     }
 
-    /// The answer begins: the reasoning line becomes "Thought for Ns".
-    fn collapse(&mut self, out: &mut impl Write) -> std::io::Result<()> {
+    /// Writes the part of the block's answer not written yet (all of it, over
+    /// what was written, if the answer is not what was written followed by more).
+    fn write_answer(&mut self, out: &mut impl Write) -> std::io::Result<()> {
         self.clear(out)?;
-        if let Some(since) = self.thinking_since.take() {
-            writeln!(out, "Thought for {}s", since.elapsed().as_secs())?;
-            self.steps.clear();
+        let new = match self.block.answer.strip_prefix(self.written.as_str()) {
+            Some(new) => new.to_owned(),
+            None => {
+                self.erase_answer(out)?;
+                self.block.answer.clone()
+            }
+        };
+        if new.is_empty() {
+            return Ok(());
         }
+        if self.answer_rows == 0 {
+            self.answer_rows = 1;
+            self.answer_column = 0;
+        }
+        for character in new.chars() {
+            if character == '\n' {
+                self.answer_rows += 1;
+                self.answer_column = 0;
+                continue;
+            }
+            let width = char_width(character);
+            if self.answer_column + width > self.width {
+                self.answer_rows += 1;
+                self.answer_column = 0;
+            }
+            self.answer_column += width;
+        }
+        write!(out, "{new}")?;
+        self.written.push_str(&new);
+        self.mid_line = !new.ends_with('\n');
         Ok(())
     }
 
+    /// The answer written so far was a draft: a live view erases it and says so in
+    /// one line (a piped view wrote no draft: its step says so).
+    fn retract_answer(&mut self, out: &mut impl Write) -> std::io::Result<()> {
+        let Some(draft) = self.block.drafts.last() else { return Ok(()) };
+        if self.written.is_empty() {
+            return Ok(());
+        }
+        let line = crate::reasoning::clip(&draft.split_whitespace().collect::<Vec<_>>().join(" "), 60);
+        self.erase_answer(out)?;
+        writeln!(out, "  ✎ draft, not the answer (the run went on): {line}")
+    }
+
+    /// Takes back the answer text written so far: erased on a terminal.
+    fn erase_answer(&mut self, out: &mut impl Write) -> std::io::Result<()> {
+        self.clear(out)?;
+        if self.live && self.answer_rows > 0 {
+            // The cursor is on the answer's last row: a full row wraps the cursor
+            // only when more is written.
+            erase_rows(out, self.answer_rows)?;
+            self.mid_line = false;
+        } else {
+            self.end_line(out)?;
+        }
+        self.written.clear();
+        self.answer_rows = 0;
+        Ok(())
+    }
+
+    /// Redraws the live block: "⠋ Reasoning · 9s" and the last two steps, each
+    /// row cut to fit the terminal.
     fn redraw(&mut self, out: &mut impl Write) -> std::io::Result<()> {
-        let Some(since) = self.thinking_since.filter(|_| self.live) else { return Ok(()) };
+        if !self.live || self.block.phase != Phase::Reasoning {
+            return Ok(());
+        }
         self.end_line(out)?;
-        let steps: Vec<&str> = self.steps.iter().map(String::as_str).collect();
-        let line = format!("{} Reasoning · {}s  {}", SPINNER[self.frame], since.elapsed().as_secs(), steps.join(" › "));
-        let line: String = line.chars().take(LINE_WIDTH).collect();
-        write!(out, "\r\x1b[2K{line}")?;
-        self.line_shown = true;
+        let seconds = self.block.reasoning_ms(Utc::now()) / 1000;
+        let mut rows = vec![format!("{} Reasoning · {seconds}s", SPINNER[self.frame])];
+        rows.extend(self.block.latest(2).iter().map(|step| format!("  › {}", step.summary)));
+        let rows: Vec<String> = rows.iter().map(|row| fit(row, self.width - 1)).collect();
+        if self.live_rows > 0 {
+            erase_rows(out, self.live_rows)?;
+        }
+        write!(out, "{}", rows.join("\n"))?;
+        self.live_rows = rows.len();
         Ok(())
     }
 }
 
-/// Longest live line, in characters: it must fit one terminal row to redraw.
-const LINE_WIDTH: usize = 100;
+/// Erases the `rows` rows ending with the cursor's, leaving the cursor at the
+/// start of the first.
+fn erase_rows(out: &mut impl Write, rows: usize) -> std::io::Result<()> {
+    write!(out, "\r\x1b[2K")?;
+    for _ in 1..rows {
+        write!(out, "\x1b[1A\x1b[2K")?;
+    }
+    Ok(())
+}
+
+/// "12s", or "1m 05s" from a minute on.
+fn seconds(millis: u64) -> String {
+    let seconds = millis / 1000;
+    if seconds < 60 { format!("{seconds}s") } else { format!("{}m {:02}s", seconds / 60, seconds % 60) }
+}
+
+/// `text` on one row of at most `columns` columns, "…" where cut; control
+/// characters (a newline in a step) become spaces.
+fn fit(text: &str, columns: usize) -> String {
+    let mut fitted = String::new();
+    let mut used = 0;
+    let total: usize = text.chars().map(char_width).sum();
+    for character in text.chars() {
+        let character = if character.is_control() { ' ' } else { character };
+        let width = char_width(character);
+        if total > columns && used + width > columns.saturating_sub(1) {
+            fitted.push('…');
+            break;
+        }
+        used += width;
+        fitted.push(character);
+    }
+    fitted
+}
+
+/// Columns a character takes on a terminal: 2 for East Asian wide characters
+/// and emoji, 0 for combining marks, else 1.
+fn char_width(character: char) -> usize {
+    let code = u32::from(character);
+    match code {
+        0x0300..=0x036F | 0x200B..=0x200F | 0xFE00..=0xFE0F => 0,
+        0x1100..=0x115F
+        | 0x2E80..=0x303E
+        | 0x3041..=0x33FF
+        | 0x3400..=0x4DBF
+        | 0x4E00..=0x9FFF
+        | 0xA000..=0xA4CF
+        | 0xAC00..=0xD7A3
+        | 0xF900..=0xFAFF
+        | 0xFE30..=0xFE4F
+        | 0xFF00..=0xFF60
+        | 0xFFE0..=0xFFE6
+        | 0x1F300..=0x1F64F
+        | 0x1F900..=0x1F9FF
+        | 0x20000..=0x3FFFD => 2,
+        _ => 1,
+    }
+}
+
+/// The terminal's width in columns, if standard output is a terminal.
+pub fn terminal_width() -> Option<usize> {
+    let mut size = libc::winsize { ws_row: 0, ws_col: 0, ws_xpixel: 0, ws_ypixel: 0 };
+    // SAFETY: TIOCGWINSZ writes one `winsize` into the struct it is given, which
+    // lives on this stack frame for the call.
+    #[allow(unsafe_code)]
+    let read = unsafe { libc::ioctl(libc::STDOUT_FILENO, libc::TIOCGWINSZ, &mut size) };
+    (read == 0 && size.ws_col > 0).then_some(usize::from(size.ws_col))
+}
+
+/// Every step of a finished (or so far) run, for `troupe runs show --reasoning`.
+pub fn expanded(out: &mut impl Write, block: &Block) -> std::io::Result<()> {
+    let start = block.started_at;
+    let thought = seconds(block.thought_ms);
+    let status = block.status.map(|status| status.as_str()).unwrap_or("running");
+    let elapsed = block.elapsed_ms(Utc::now()) as f64 / 1000.0;
+    writeln!(out, "▾ Thought for {thought} · {} steps · {status} after {elapsed:.1}s", block.steps.len())?;
+    for step in &block.steps {
+        let offset = start.map(|start| (step.at - start).num_milliseconds() as f64 / 1000.0).unwrap_or(0.0);
+        let mut head = format!("  {offset:>6.1}s  {:<8} {}", kind_name(step.kind), step.summary);
+        if let Some(status) = &step.status {
+            head.push_str(&format!(" · {status}"));
+        }
+        if let Some(duration) = step.duration_ms {
+            head.push_str(&format!(" · {duration} ms"));
+        }
+        writeln!(out, "{head}")?;
+        if let Some(detail) = &step.detail {
+            for line in detail.lines() {
+                writeln!(out, "            {line}")?;
+            }
+        }
+    }
+    if !block.answer.is_empty() {
+        writeln!(out, "\n{}", block.answer)?;
+    }
+    Ok(())
+}
+
+fn kind_name(kind: StepKind) -> &'static str {
+    match kind {
+        StepKind::Progress => "step",
+        StepKind::Tool => "tool",
+        StepKind::Review => "review",
+        StepKind::Plan => "plan",
+        StepKind::Thought => "thought",
+        StepKind::Draft => "draft",
+        StepKind::Approval => "approval",
+        StepKind::Question => "question",
+        StepKind::Problem => "problem",
+    }
+}
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use chrono::Utc;
-    use troupe_actors::protocol::RunId;
-
-    fn event(seq: u64, kind: EventKind) -> RunEvent {
-        RunEvent { run_id: RunId::new(), seq, ts: Utc::now(), parent_run_id: None, kind }
-    }
-
-    #[test]
-    fn a_piped_view_prints_steps_tool_lines_the_answer_and_the_end() {
-        let mut view = View::new(false);
-        let mut out = Vec::new();
-        view.event(&mut out, &event(2, EventKind::TurnStart { turn: 1 })).unwrap();
-        let end = EventKind::ToolCallEnd {
-            turn: 1,
-            call_id: "c1".into(),
-            tool: "text_stats".into(),
-            status: CallStatus::Completed,
-            duration_ms: 12,
-            summary: "5 words".into(),
-        };
-        view.event(&mut out, &event(3, end)).unwrap();
-        view.event(&mut out, &event(4, EventKind::FinalOutput { text: "Five words.".into(), citations: vec![] }))
-            .unwrap();
-        let status = view.event(&mut out, &event(5, EventKind::RunEnd { status: RunStatus::Succeeded, reason: None }));
-        assert_eq!(status.unwrap(), Some(RunStatus::Succeeded));
-        let text = String::from_utf8(out).unwrap();
-        assert!(text.contains("  · turn 1\n"), "{text}");
-        assert!(text.contains("✓ text_stats · 12 ms  5 words"), "{text}");
-        assert!(text.contains("Thought for 0s\nFive words.\n"), "{text}");
-        assert!(text.contains("■ succeeded"), "{text}");
-        assert!(!text.contains('\r'), "nothing redraws outside a terminal: {text:?}");
-    }
-
-    #[test]
-    fn a_live_view_redraws_one_reasoning_line_and_collapses_it() {
-        let mut view = View::new(true);
-        let mut out = Vec::new();
-        view.event(&mut out, &event(2, EventKind::TurnStart { turn: 1 })).unwrap();
-        view.event(&mut out, &event(3, EventKind::ReasoningStep { turn: 1, summary: "read the text".into() })).unwrap();
-        view.tick(&mut out).unwrap();
-        let text = String::from_utf8(out.clone()).unwrap();
-        assert!(text.contains("Reasoning · 0s  turn 1 › read the text"), "{text:?}");
-        view.event(&mut out, &event(4, EventKind::AssistantDelta { turn: 1, text: "Hi".into(), reasoning: false }))
-            .unwrap();
-        let text = String::from_utf8(out).unwrap();
-        assert!(text.ends_with("\r\x1b[2KThought for 0s\nHi"), "{text:?}");
-    }
-}
+mod tests;

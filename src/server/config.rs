@@ -35,6 +35,11 @@ pub struct ServerConfig {
     /// The SHA-256 (64 hex digits) of the token `/metrics` asks for as
     /// `Authorization: Bearer …`; `None`: `/metrics` is open.
     pub metrics_token_sha256: Option<String>,
+    /// Origins (`https://app.example.com`) whose pages may call the API from a
+    /// browser (CORS); empty: none but the daemon's own page. `"*"` allows any.
+    pub cors_origins: Vec<String>,
+    /// Serve the web page at `/`.
+    pub web: bool,
 }
 
 impl Default for ServerConfig {
@@ -51,6 +56,8 @@ impl Default for ServerConfig {
             max_sse_clients_per_tenant: 256,
             retry_after: 5,
             metrics_token_sha256: None,
+            cors_origins: Vec::new(),
+            web: true,
         }
     }
 }

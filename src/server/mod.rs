@@ -34,6 +34,7 @@ mod state;
 mod telemetry;
 mod threads;
 mod throttle;
+mod web;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

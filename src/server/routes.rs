@@ -15,7 +15,7 @@ use super::api::{
 };
 use super::error::{ApiError, ErrorBody};
 use super::state::{AppState, require_tenant};
-use super::{sse, telemetry, threads};
+use super::{sse, telemetry, threads, web};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -70,8 +70,12 @@ pub(super) fn router(state: AppState) -> Router {
         .route("/v1/tools", get(list_tools))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_tenant));
     let document = openapi();
-    Router::new()
-        .merge(protected)
+    let mut router = Router::new().merge(protected);
+    if state.inner.config.web {
+        router =
+            router.route("/", get(web::index)).route("/app.js", get(web::script)).route("/app.css", get(web::style));
+    }
+    router
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -82,6 +86,7 @@ pub(super) fn router(state: AppState) -> Router {
         })
         .layer(middleware::from_fn_with_state(state.clone(), deadline))
         .layer(DefaultBodyLimit::max(state.inner.config.max_body_bytes))
+        .layer(middleware::from_fn_with_state(state.clone(), web::cors))
         .layer(middleware::from_fn(telemetry::measure))
         .with_state(state)
 }

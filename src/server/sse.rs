@@ -26,6 +26,7 @@ use super::error::ApiError;
 use super::incidents::{self, ConnectionNote, StreamCut};
 use super::slots::StreamSlot;
 use super::state::{AppState, owned_run};
+use crate::reasoning::{Block, Change};
 
 /// Where to resume.
 #[derive(Debug, Deserialize, IntoParams)]
@@ -34,6 +35,9 @@ pub struct EventsQuery {
     /// Send only events with a seq above this (the `Last-Event-ID` header wins
     /// when both are given).
     pub after: Option<u64>,
+    /// `block`: after each event that changes the run's reasoning block, also a
+    /// `block` frame (no id) with the block as JSON, as the web page shows it.
+    pub view: Option<String>,
 }
 
 /// Streams a run's events.
@@ -45,7 +49,7 @@ pub struct EventsQuery {
         ("Last-Event-ID" = Option<u64>, Header, description = "The seq of the last event received.")),
     responses(
         (status = 200, content_type = "text/event-stream",
-            description = "One SSE event per run event: `id` = seq, `event` = kind, `data` = the event as JSON."),
+            description = "One SSE event per run event: `id` = seq, `event` = kind, `data` = the event as JSON; with `view=block`, also `block` events (no id) carrying the run's reasoning block."),
         (status = 404, body = super::error::ErrorBody, description = "No such run for this tenant."),
         (status = 400, body = super::error::ErrorBody, description = "A Last-Event-ID that is not a seq."),
         (status = 429, body = super::error::ErrorBody, description = "Too many open streams."),
@@ -82,10 +86,18 @@ pub async fn run_events(
     if let Some(Extension(note)) = note {
         note.streams(&tenant, run.run_id);
     }
-    let events = state.inner.runtime.subscribe(run.run_id, after);
+    let block = match query.view.as_deref() {
+        None => None,
+        Some("block") => Some(BlockView { block: Block::new(), after }),
+        Some(other) => return Err(ApiError::invalid(format!("unknown view {other:?}: the one view is `block`"))),
+    };
+    // The block is made from the whole run: its events before `after` are read
+    // (and not sent) too.
+    let from = if block.is_some() { 0 } else { after };
+    let events = state.inner.runtime.subscribe(run.run_id, from);
     let keep_alive = KeepAlive::new().interval(state.inner.timing.sse_keep_alive);
-    let open = OpenStream { state: state.clone(), tenant, run_id: run.run_id, slot: Some(slot), sent: None };
-    Ok(Sse::new(frames(events, open)).keep_alive(keep_alive).into_response())
+    let open = OpenStream { state: state.clone(), tenant, run_id: run.run_id, slot: Some(slot), sent: None, block };
+    Ok(Sse::new(frames(events, open).flat_map(stream::iter)).keep_alive(keep_alive).into_response())
 }
 
 /// An event stream being served: what its end is logged with.
@@ -98,6 +110,36 @@ struct OpenStream {
     slot: Option<StreamSlot>,
     /// Whether the last event sent was `run_end`; `None` before the first.
     sent: Option<bool>,
+    /// With `view=block`: the run's block so far.
+    block: Option<BlockView>,
+}
+
+/// A stream's reasoning block, and the seq after which its events are sent.
+struct BlockView {
+    block: Block,
+    after: u64,
+}
+
+impl BlockView {
+    /// Applies `event`; the frames to send for it: none for an event at or
+    /// before `after`, else the event, then the block if it changed (the
+    /// answer's growth alone is in the event) or if it is the first one sent.
+    fn frames(&mut self, event: &RunEvent) -> Vec<Result<Event, Infallible>> {
+        let first = self.block.seq <= self.after;
+        let change = self.block.apply(event);
+        if event.seq <= self.after {
+            return Vec::new();
+        }
+        let mut frames = vec![Ok(frame(event))];
+        if change == Change::Block || first {
+            let mut value = serde_json::to_value(&self.block).unwrap_or_default();
+            if let Some(object) = value.as_object_mut() {
+                object.insert("server_time".into(), serde_json::json!(crate::reasoning::now_text()));
+            }
+            frames.push(Ok(Event::default().event(BLOCK).data(value.to_string())));
+        }
+        frames
+    }
 }
 
 impl OpenStream {
@@ -108,13 +150,14 @@ impl OpenStream {
     }
 }
 
-/// SSE frames of a subscription, until `run_end` or shutdown. A store failure
-/// mid-stream sends one `stream_error` event (no id: it is not a run event) and
-/// ends the stream; the client reconnects with its last id.
+/// SSE frames of a subscription, until `run_end` or shutdown, in batches (an
+/// event and its block). A store failure mid-stream sends one `stream_error`
+/// event (no id: it is not a run event) and ends the stream; the client
+/// reconnects with its last id.
 fn frames(
     events: BoxStream<'static, Result<Arc<RunEvent>, StoreError>>,
     open: OpenStream,
-) -> impl futures::Stream<Item = Result<Event, Infallible>> + Send + 'static {
+) -> impl futures::Stream<Item = Vec<Result<Event, Infallible>>> + Send + 'static {
     stream::unfold((events, open), |(mut events, mut open)| async move {
         open.slot.as_ref()?;
         let shutdown = open.state.inner.shutdown.clone();
@@ -130,13 +173,19 @@ fn frames(
         };
         match next {
             Some(Ok(event)) => {
-                open.sent = Some(matches!(event.kind, EventKind::RunEnd { .. }));
-                Some((Ok(frame(&event)), (events, open)))
+                let frames = match open.block.as_mut() {
+                    Some(block) => block.frames(&event),
+                    None => vec![Ok(frame(&event))],
+                };
+                if !frames.is_empty() {
+                    open.sent = Some(matches!(event.kind, EventKind::RunEnd { .. }));
+                }
+                Some((frames, (events, open)))
             }
             Some(Err(error)) => {
                 open.cut(StreamCut::StoreFailed, Some(&error.to_string()));
                 let data = serde_json::json!({"code": "store_error", "message": "reading the run's events failed; reconnect with Last-Event-ID"});
-                Some((Ok(Event::default().event(STREAM_ERROR).data(data.to_string())), (events, open)))
+                Some((vec![Ok(Event::default().event(STREAM_ERROR).data(data.to_string()))], (events, open)))
             }
             None => {
                 // A subscription ends after `run_end`; one that ends after other
@@ -153,6 +202,9 @@ fn frames(
 
 /// The SSE event name of a stream failure (run events never use it).
 pub const STREAM_ERROR: &str = "stream_error";
+
+/// The SSE event name of a reasoning block frame (`view=block`).
+pub const BLOCK: &str = "block";
 
 fn frame(event: &RunEvent) -> Event {
     frame_with_id(event, event.seq.to_string())

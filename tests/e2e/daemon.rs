@@ -266,6 +266,13 @@ async fn the_cli_follows_a_run_and_metrics_pass_promtool() {
     assert!(status.success());
     let listed: Value = serde_json::from_str(&listed).unwrap();
     assert_eq!(listed["runs"][0]["status"], "succeeded");
+    let run_id = listed["runs"][0]["run_id"].as_str().unwrap();
+    let (status, steps, errors) = client(&["runs", "show", run_id, "--reasoning"]);
+    assert!(status.success(), "{errors}");
+    assert!(steps.starts_with("▾ Thought for "), "{steps}");
+    let call = steps.lines().find(|line| line.contains("tool     text_stats (text: \"the cat saw the dog\""));
+    assert!(call.is_some_and(|line| line.contains(" · completed · ")), "{steps}");
+    assert!(steps.contains("review   Review: carry on · proceed"), "{steps}");
     let (status, agents, _) = client(&["agents", "--json"]);
     assert!(status.success());
     assert_eq!(serde_json::from_str::<Value>(&agents).unwrap()[0]["name"], "default");

@@ -55,13 +55,17 @@ fn the_demo_streams_a_complete_reviewed_run_as_json_lines() {
 }
 
 #[test]
-fn the_human_view_shows_plan_tools_reviews_and_the_answer() {
+fn the_human_view_shows_plan_tools_steps_and_the_answer() {
     let output = troupe(&["demo", "one two two"]);
     assert!(output.status.success());
     let text = String::from_utf8(output.stdout).unwrap();
-    for needle in ["· turn 1", "plan v1:", "✓ text_stats", "review: proceed", "Thought for", "3 words", "■ succeeded"]
+    for needle in
+        ["plan v1:", "✓ text_stats", "· Measuring a text of 3 words", "▸ Thought for", "3 words", "■ succeeded"]
     {
         assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
+    }
+    for mechanical in ["· turn 1", "review: proceed"] {
+        assert!(!text.contains(mechanical), "{mechanical:?} is the runtime's bookkeeping, not a step:\n{text}");
     }
 }
 

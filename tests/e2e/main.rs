@@ -17,3 +17,4 @@ mod server;
 mod store;
 mod store_upgrade;
 mod threads;
+mod web;

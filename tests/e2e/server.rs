@@ -40,8 +40,18 @@ pub(crate) async fn start_with(
     runtime_config: RuntimeConfig,
     server_config: ServerConfig,
 ) -> TestServer {
+    start_gated(model, runtime_config, server_config, GatedTool::default()).await
+}
+
+/// [`start_with`] with the `pay` tool the test keeps (to read its ledger).
+pub(crate) async fn start_gated(
+    model: Arc<ScriptedModel>,
+    runtime_config: RuntimeConfig,
+    server_config: ServerConfig,
+    pay: GatedTool,
+) -> TestServer {
     let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
-    let tools = ToolRegistry::new().with(Arc::new(EchoTool)).unwrap().with(Arc::new(GatedTool::default())).unwrap();
+    let tools = ToolRegistry::new().with(Arc::new(EchoTool)).unwrap().with(Arc::new(pay)).unwrap();
     let agent = AgentConfig::new("default", "You are a test agent.", vec!["echo".to_owned(), "pay".to_owned()]);
     let deps = Deps { store, models: ModelRegistry::new(model), tools, hooks: Vec::new(), agents: vec![agent] };
     let runtime = Arc::new(Runtime::start(runtime_config, deps).await.unwrap());
@@ -94,6 +104,17 @@ impl TestServer {
         let retry_after = response.headers().get("retry-after").map(|value| value.to_str().unwrap().to_owned());
         let body = response.json::<Value>().await.unwrap_or(Value::Null);
         Answer { status, body, retry_after }
+    }
+
+    /// Opens the SSE stream at `path`, resuming after `last` if given; asserts 200.
+    pub(crate) async fn open_stream(&self, token: &str, path: &str, last: Option<&str>) -> reqwest::Response {
+        let mut request = self.http.get(self.url(path)).bearer_auth(token);
+        if let Some(last) = last {
+            request = request.header("Last-Event-ID", last);
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        response
     }
 
     async fn create(&self, token: &str, input: &str) -> String {

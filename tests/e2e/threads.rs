@@ -221,12 +221,7 @@ async fn read_thread_events(
     last: Option<&str>,
     run_ends: usize,
 ) -> Vec<(String, String, Value)> {
-    let mut request = server.http.get(server.url(&format!("/v1/threads/{thread}/events"))).bearer_auth(ALPHA);
-    if let Some(last) = last {
-        request = request.header("Last-Event-ID", last);
-    }
-    let response = request.send().await.unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
+    let response = server.open_stream(ALPHA, &format!("/v1/threads/{thread}/events"), last).await;
     let mut body = response.bytes_stream();
     let mut parser = SseParser::default();
     let mut frames = Vec::new();
