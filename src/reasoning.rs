@@ -92,9 +92,12 @@ pub struct Block {
     /// Reasoning time before the answer, over every stretch of reasoning.
     pub thought_ms: u64,
     /// When the current stretch of reasoning began (`reasoning` only): a live
-    /// timer shows `thought_ms` plus the time since.
+    /// timer shows `thought_ms` plus the time since. `None` while the run waits
+    /// for a person (`waiting`): that time is not reasoning.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reasoning_since: Option<DateTime<Utc>>,
+    /// The run waits for a person (an answer or an approval); the timer stands.
+    pub waiting: bool,
     /// Every step, in order.
     pub steps: Vec<Step>,
     /// The answer so far (the final answer once `final_output` came).
@@ -115,6 +118,9 @@ pub struct Block {
     pub status: Option<RunStatus>,
     /// The seq of the last event applied.
     pub seq: u64,
+    /// Whether `final_output` came: the answer is final, never a draft.
+    #[serde(skip)]
+    final_seen: bool,
 }
 
 /// What an event changed, for a renderer that redraws only what it must.
@@ -146,6 +152,7 @@ impl Block {
             phase: Phase::Idle,
             thought_ms: 0,
             reasoning_since: None,
+            waiting: false,
             steps: Vec::new(),
             answer: String::new(),
             drafts: Vec::new(),
@@ -154,6 +161,7 @@ impl Block {
             ended_at: None,
             status: None,
             seq: 0,
+            final_seen: false,
         }
     }
 
@@ -174,17 +182,47 @@ impl Block {
         self.seq = event.seq;
         self.started_at.get_or_insert(event.ts);
         let at = event.ts;
+        let mut change = Change::None;
+        // The run works on after text it streamed (a new turn, tool calls, the
+        // reviewer sent it back, the model failed mid-reply): that text was a draft.
+        let works_on = matches!(
+            event.kind,
+            EventKind::TurnStart { .. }
+                | EventKind::ToolRequests { .. }
+                | EventKind::ToolCallStart { .. }
+                | EventKind::ApprovalRequested { .. }
+                | EventKind::WaitingInput { .. }
+                | EventKind::ReasoningStep { .. }
+                | EventKind::ModelRetry { .. }
+        );
+        if works_on && self.phase == Phase::Collapsed && !self.final_seen {
+            self.draft(event.seq, at, "The run went on after this draft");
+            self.reason_from(at);
+            change = Change::Block;
+        }
+        // A person answered, or the run went on without them: the timer runs again.
+        let waits = matches!(event.kind, EventKind::WaitingInput { .. } | EventKind::ApprovalRequested { .. });
+        if self.waiting && !waits && !matches!(event.kind, EventKind::RunEnd { .. }) {
+            self.waiting = false;
+            if self.phase == Phase::Reasoning {
+                self.reasoning_since = Some(at);
+            }
+            change = Change::Block;
+        }
+        let applied = self.apply_kind(event, at);
+        if waits && self.phase == Phase::Reasoning && !self.waiting {
+            self.pause(at);
+        }
+        if applied == Change::None { change } else { applied }
+    }
+
+    fn apply_kind(&mut self, event: &RunEvent, at: DateTime<Utc>) -> Change {
         match &event.kind {
             EventKind::TurnStart { .. } => {
-                match self.phase {
-                    Phase::Idle => self.reason_from(at),
-                    Phase::Collapsed => {
-                        // The run goes on after text it streamed: that text was a draft.
-                        self.draft(event.seq, at, "The run went on after this draft");
-                        self.reason_from(at);
-                    }
-                    Phase::Reasoning | Phase::Complete => return Change::None,
+                if self.phase != Phase::Idle {
+                    return Change::None;
                 }
+                self.reason_from(at);
                 Change::Block
             }
             EventKind::AssistantDelta { text, reasoning: true, .. } => {
@@ -194,6 +232,11 @@ impl Block {
                         let detail = step.detail.get_or_insert_with(String::new);
                         detail.push_str(text);
                         step.summary = thinking_line(detail);
+                        // A long reasoning keeps its latest part.
+                        if detail.len() > 4 * DETAIL_CHARS {
+                            let skip = detail.chars().count().saturating_sub(DETAIL_CHARS);
+                            *detail = format!("…{}", detail.chars().skip(skip).collect::<String>());
+                        }
                     }
                     _ => {
                         let mut step = Step::new(event.seq, at, StepKind::Thought, thinking_line(text), true);
@@ -206,11 +249,13 @@ impl Block {
             }
             EventKind::AssistantDelta { text, reasoning: false, .. } => {
                 self.answer.push_str(text);
-                if self.phase == Phase::Reasoning || self.phase == Phase::Idle {
+                // Blank text (often before tool calls) does not start an answer.
+                let reasoning = self.phase == Phase::Reasoning || self.phase == Phase::Idle;
+                if reasoning && !self.answer.trim().is_empty() {
                     self.collapse(at);
                     return Change::Block;
                 }
-                Change::Answer
+                if reasoning { Change::None } else { Change::Answer }
             }
             EventKind::ReasoningStep { summary, .. } => {
                 self.ensure_reasoning(at);
@@ -387,12 +432,18 @@ impl Block {
                     self.collapse(at);
                 }
                 self.answer = text.clone();
+                self.final_seen = true;
                 Change::Block
             }
             EventKind::RunEnd { status, .. } => {
+                if *status != RunStatus::Succeeded && !self.final_seen {
+                    // Text streamed before the run failed or was cancelled is not its answer.
+                    self.draft(event.seq, at, "The run ended without an answer after this text");
+                }
                 if self.phase == Phase::Reasoning {
                     self.collapse(at);
                 }
+                self.waiting = false;
                 self.phase = Phase::Complete;
                 self.ended_at = Some(at);
                 self.status = Some(*status);
@@ -444,6 +495,14 @@ impl Block {
         if self.phase == Phase::Idle {
             self.reason_from(at);
         }
+    }
+
+    /// The run waits for a person: the stretch of reasoning ends here.
+    fn pause(&mut self, at: DateTime<Utc>) {
+        if let Some(since) = self.reasoning_since.take() {
+            self.thought_ms += millis_between(since, at);
+        }
+        self.waiting = true;
     }
 
     fn collapse(&mut self, at: DateTime<Utc>) {
@@ -592,6 +651,70 @@ mod tests {
         assert_eq!(block.answer, "Two parcels.");
         assert_eq!(block.thought_ms, 6_000);
         assert!(block.steps.iter().any(|step| step.kind == StepKind::Draft && step.summary.contains("Maybe none.")));
+    }
+
+    #[test]
+    fn the_timer_stands_while_the_run_waits_for_a_person() {
+        let run = events(vec![
+            (0, EventKind::TurnStart { turn: 1 }),
+            (1_000, EventKind::WaitingInput { prompt: "Which one?".into(), sub_run: None }),
+            (3_600_000, EventKind::InputReceived { text: "Acme".into() }),
+            (3_602_000, EventKind::AssistantDelta { turn: 2, text: "Acme.".into(), reasoning: false }),
+        ]);
+        let mut block = Block::new();
+        block.apply(&run[0]);
+        block.apply(&run[1]);
+        assert!(block.waiting && block.reasoning_since.is_none());
+        assert_eq!(block.reasoning_ms(run[1].ts + TimeDelta::hours(5)), 1_000, "a night of waiting is not reasoning");
+        block.apply(&run[2]);
+        assert!(!block.waiting && block.reasoning_since == Some(run[2].ts));
+        block.apply(&run[3]);
+        assert_eq!(block.thought_ms, 3_000);
+    }
+
+    #[test]
+    fn text_before_tool_calls_blank_text_and_a_failed_reply_are_not_the_answer() {
+        let preamble = events(vec![
+            (0, EventKind::TurnStart { turn: 1 }),
+            (10, EventKind::AssistantDelta { turn: 1, text: "\n\n".into(), reasoning: false }),
+            (20, EventKind::AssistantDelta { turn: 1, text: "Let me look.".into(), reasoning: false }),
+            (30, EventKind::ToolRequests { turn: 1, calls: vec![] }),
+        ]);
+        let block = Block::of(&preamble);
+        assert_eq!(block.phase, Phase::Reasoning, "the tool calls reopen the reasoning");
+        assert_eq!(block.drafts.len(), 1);
+        assert_eq!(block.drafts[0].trim(), "Let me look.");
+        assert!(block.answer.is_empty());
+
+        let blank = Block::of(&preamble[..2]);
+        assert_eq!(blank.phase, Phase::Reasoning, "blank text starts no answer");
+
+        let retried = events(vec![
+            (0, EventKind::TurnStart { turn: 1 }),
+            (10, EventKind::AssistantDelta { turn: 1, text: "Hel".into(), reasoning: false }),
+            (
+                20,
+                EventKind::ModelRetry {
+                    turn: 1,
+                    attempt: 1,
+                    code: "model_transport".into(),
+                    message: "reset".into(),
+                    retry_in_ms: 500,
+                },
+            ),
+            (900, EventKind::AssistantDelta { turn: 1, text: "Hello".into(), reasoning: false }),
+        ]);
+        assert_eq!(Block::of(&retried).answer, "Hello", "the failed attempt's text is not kept");
+
+        let failed = events(vec![
+            (0, EventKind::TurnStart { turn: 1 }),
+            (10, EventKind::AssistantDelta { turn: 1, text: "Partial".into(), reasoning: false }),
+            (20, EventKind::RunEnd { status: RunStatus::Failed, reason: Some("no_answer".into()) }),
+        ]);
+        let block = Block::of(&failed);
+        assert_eq!(block.phase, Phase::Complete);
+        assert!(block.answer.is_empty(), "a failed run has no answer");
+        assert_eq!(block.drafts, ["Partial"]);
     }
 
     #[test]

@@ -44,8 +44,10 @@ async function api(method, path, body) {
 
 // ---- sign in -------------------------------------------------------------
 
-function signOut(message) {
-  sessionStorage.removeItem(TOKEN_KEY);
+// Back to the sign-in form; `keep` keeps the tab's token (the daemon was not
+// reachable: a reload tries it again).
+function signOut(message, keep = false) {
+  if (!keep) sessionStorage.removeItem(TOKEN_KEY);
   state.token = null;
   for (const stream of state.streams.values()) stream.close();
   state.streams.clear();
@@ -60,7 +62,8 @@ async function signIn(token) {
   try {
     state.agents = await api("GET", "/v1/agents");
   } catch (error) {
-    signOut(error.status === 401 ? "That token was not accepted." : `Cannot reach the daemon: ${error.message}`);
+    if (error.status === 401) signOut("That token was not accepted.");
+    else signOut(`Cannot reach the daemon: ${error.message}`, true);
     return;
   }
   sessionStorage.setItem(TOKEN_KEY, token);
@@ -82,6 +85,7 @@ async function refreshLists() {
     $("runs").replaceChildren(...runs.runs.map((run) => el("li", {},
       el("a", { href: `#/runs/${run.run_id}`, title: run.input }, run.input.slice(0, 60), " ",
         el("span", { class: "status" }, run.status)))));
+    $("runs").dataset.loaded = "true";
     markCurrent();
   } catch (error) {
     showError(error);
@@ -103,9 +107,13 @@ function markCurrent() {
 // ---- routes --------------------------------------------------------------
 
 let current = { kind: "new" };
+// Bumped by each route change: an earlier route still loading sees it and stops.
+let routeNumber = 0;
+const stale = (number) => number !== routeNumber;
 
 async function route() {
   if (!state.token) return;
+  const number = ++routeNumber;
   for (const stream of state.streams.values()) stream.close();
   state.streams.clear();
   closeInspector();
@@ -115,10 +123,10 @@ async function route() {
   markCurrent();
   if (kind === "threads") {
     current = { kind: "thread", id };
-    await openThread(id);
+    await openThread(id, number);
   } else if (kind === "runs") {
     current = { kind: "run", id };
-    await openRun(id);
+    await openRun(id, number);
   } else {
     current = { kind: "new" };
     $("view-title").textContent = "New conversation";
@@ -127,29 +135,33 @@ async function route() {
   }
 }
 
-async function openThread(id) {
+async function openThread(id, number) {
   try {
     const thread = await api("GET", `/v1/threads/${id}`);
+    const runs = await api("GET", `/v1/threads/${id}/runs?limit=50`);
+    if (stale(number)) return;
     $("view-title").textContent = threadTitle(thread);
     $("agent").value = thread.agent;
     $("agent").disabled = true;
     $("composer").hidden = false;
-    const runs = await api("GET", `/v1/threads/${id}/runs?limit=50`);
     for (const run of runs.runs.slice().reverse()) addTurn(run);
   } catch (error) {
+    if (stale(number)) return;
     $("view-title").textContent = "Conversation";
     $("composer").hidden = true;
     showError(error);
   }
 }
 
-async function openRun(id) {
+async function openRun(id, number) {
   try {
     const run = await api("GET", `/v1/runs/${id}`);
+    if (stale(number)) return;
     $("view-title").textContent = `Run ${run.run_id}`;
     $("composer").hidden = true;
     addTurn(run);
   } catch (error) {
+    if (stale(number)) return;
     $("view-title").textContent = "Run";
     $("composer").hidden = true;
     showError(error);
@@ -168,8 +180,11 @@ async function send(text) {
   const agent = $("agent").value || undefined;
   try {
     if (current.kind === "thread") {
-      // A message sent while the agent works waits for it (it is not refused).
-      const run = await api("POST", `/v1/threads/${current.id}/runs`, { input: text, multitask_strategy: "enqueue" });
+      // A message sent while the agent works waits for it; one sent while the
+      // agent waits for an answer or an approval takes its place (as in troupe chat).
+      const waiting = document.querySelector("#conversation .ask") !== null;
+      const multitask_strategy = waiting ? "interrupt" : "enqueue";
+      const run = await api("POST", `/v1/threads/${current.id}/runs`, { input: text, multitask_strategy });
       addTurn(run);
     } else {
       const thread = await api("POST", "/v1/threads", { agent, metadata: { title: text.slice(0, 60) } });
@@ -204,6 +219,9 @@ class Turn {
     this.offset = 0;
     this.expanded = false;
     this.answer = "";
+    this.failure = "";
+    // Seen while it ran (not replayed): its end changes the lists.
+    this.live = !FINISHED.includes(run.status);
     const id = run.run_id;
     this.title = el("span", { class: "block-title" }, "Waiting to start");
     this.head = el("button", { class: "block-head", type: "button", "aria-expanded": "false",
@@ -227,7 +245,7 @@ class Turn {
   }
 
   follow() {
-    const stream = new EventStream(`/v1/runs/${this.run.run_id}/events?view=block`, (name, data) => this.on(name, data));
+    const stream = new EventStream(this.run.run_id, (name, data) => this.on(name, data));
     state.streams.set(this.run.run_id, stream);
     stream.start();
   }
@@ -250,19 +268,22 @@ class Turn {
         }
         break;
       case "approval_requested": this.askApproval(data); break;
-      case "approval_decided": this.removeAsk(data.call_id); break;
-      case "waiting_input": this.askInput(data); break;
+      case "approval_decided": this.removeAsk(data.call_id); this.removeAsk("input"); break;
+      case "waiting_input":
+        // A run parked on approvals asks through their buttons, not a text box.
+        if (!this.asks.querySelector(".ask.approval")) this.askInput(data);
+        break;
       case "input_received": this.removeAsk("input"); break;
       case "final_output": this.showCitations(data.citations || []); break;
       case "run_end":
         this.status.textContent = data.status + (data.reason ? `: ${data.reason}` : "");
         this.cancelButton.hidden = true;
         this.asks.replaceChildren();
-        if (data.status !== "succeeded" && !this.answer) {
-          this.answerNode.classList.add("failed");
-          this.answerNode.textContent = `The run ${data.status.replace("_", " ")}${data.reason ? `: ${data.reason}` : ""}.`;
+        if (data.status !== "succeeded") {
+          this.failure = `The run ${data.status.replace("_", " ")}${data.reason ? `: ${data.reason}` : ""}.`;
+          this.showAnswer();
         }
-        refreshLists();
+        if (this.live) refreshLists();
         break;
       case "turn_start": this.status.textContent = "running"; break;
       default: break;
@@ -277,7 +298,7 @@ class Turn {
     this.latest.replaceChildren(...headlines.map((step) => el("li", {}, step.summary)));
     this.latest.hidden = block.phase !== "reasoning";
     this.steps.replaceChildren(...block.steps.map(stepNode));
-    this.answerNode.textContent = block.phase === "reasoning" ? "" : this.answer;
+    this.showAnswer();
     if (block.plan && block.plan.items.length) {
       this.plan.hidden = false;
       this.plan.replaceChildren(...block.plan.items.map((item) => el("li", { class: item.status }, item.content)));
@@ -285,9 +306,20 @@ class Turn {
     if (block.phase === "complete" || FINISHED.includes(block.status)) this.cancelButton.hidden = true;
   }
 
+  // The answer so far; a run that ended without one says how it ended.
+  showAnswer() {
+    const reasoning = this.block && this.block.phase === "reasoning";
+    const failed = !this.answer && this.failure;
+    this.answerNode.classList.toggle("failed", Boolean(failed));
+    this.answerNode.textContent = failed ? this.failure : reasoning ? "" : this.answer;
+  }
+
   titleText() {
     const block = this.block;
     if (!block || block.phase === "idle") return "Waiting to start";
+    if (block.phase === "reasoning" && (block.waiting || !block.reasoning_since)) {
+      return `Waiting for you · reasoned ${seconds(block.thought_ms)}`;
+    }
     if (block.phase === "reasoning") {
       const since = Date.parse(block.reasoning_since);
       const ms = block.thought_ms + Math.max(0, Date.now() + this.offset - since);
@@ -314,6 +346,7 @@ class Turn {
         const body = { approve, call_id: event.call_id };
         if (!approve && reason.value.trim()) body.reason = reason.value.trim();
         await api("POST", `/v1/runs/${this.run.run_id}/input`, body);
+        this.removeAsk(event.call_id);
       } catch (error) { showError(error); }
     };
     this.asks.append(el("div", { class: "ask approval", "data-call-id": event.call_id, role: "group",
@@ -330,7 +363,10 @@ class Turn {
     const input = el("input", { type: "text", "aria-label": "Your answer", required: true });
     const form = el("form", { class: "row", onsubmit: async (submit) => {
       submit.preventDefault();
-      try { await api("POST", `/v1/runs/${this.run.run_id}/input`, { text: input.value }); } catch (error) { showError(error); }
+      try {
+        await api("POST", `/v1/runs/${this.run.run_id}/input`, { text: input.value });
+        this.removeAsk("input");
+      } catch (error) { showError(error); }
     } }, input, el("button", { type: "submit" }, "Answer"));
     this.asks.append(el("div", { class: "ask question", "data-call-id": "input" }, el("div", {}, event.prompt), form));
     input.focus();
@@ -374,11 +410,13 @@ function seconds(ms) {
 // ---- event streams: fetch (for the Authorization header), resumed with Last-Event-ID
 
 class EventStream {
-  constructor(url, onEvent) {
-    this.url = url;
+  constructor(runId, onEvent) {
+    this.runId = runId;
+    this.url = `/v1/runs/${runId}/events?view=block`;
     this.onEvent = onEvent;
     this.lastId = null;
     this.closed = false;
+    this.ended = false;
     this.controller = null;
     this.failures = 0;
   }
@@ -389,22 +427,31 @@ class EventStream {
   }
 
   async start() {
-    while (!this.closed) {
-      let ended = false;
+    while (!this.closed && !this.ended) {
+      const before = this.lastId;
       try {
-        ended = await this.read();
-        this.failures = 0;
+        await this.read();
       } catch (error) {
         if (this.closed) return;
         if (error instanceof ApiError && error.status !== 429 && error.status < 500) { showError(error); return; }
-        this.failures += 1;
       }
-      if (ended || this.closed) return;
+      if (this.closed || this.ended) return;
+      // A connection that brought nothing new backs off, and stops if the run has
+      // ended (its session is gone: nothing more will come).
+      if (this.lastId === before) {
+        this.failures += 1;
+        try {
+          const run = await api("GET", `/v1/runs/${this.runId}`);
+          if (FINISHED.includes(run.status) && this.failures > 2) return;
+        } catch (_) { /* unreachable: try again */ }
+      } else {
+        this.failures = 0;
+      }
       await new Promise((resolve) => setTimeout(resolve, Math.min(5000, 250 * 2 ** this.failures)));
     }
   }
 
-  // Reads one connection; true once `run_end` came.
+  // Reads one connection, until it ends or `run_end` came.
   async read() {
     this.controller = new AbortController();
     const headers = { Authorization: `Bearer ${state.token}`, Accept: "text/event-stream" };
@@ -417,11 +464,15 @@ class EventStream {
     }
     const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
     let buffer = "";
-    let ended = false;
+    let carry = "";
     for (;;) {
       const { value, done } = await reader.read();
-      if (done) return ended;
-      buffer += value.replace(/\r\n?/g, "\n");
+      if (done) return;
+      // A \r at a chunk's end may be the first half of a \r\n.
+      let text = carry + value;
+      carry = text.endsWith("\r") ? "\r" : "";
+      if (carry) text = text.slice(0, -1);
+      buffer += text.replace(/\r\n?/g, "\n");
       let cut;
       while ((cut = buffer.indexOf("\n\n")) >= 0) {
         const frame = buffer.slice(0, cut);
@@ -442,7 +493,7 @@ class EventStream {
         try { parsed = JSON.parse(data); } catch (_) { continue; }
         if (name === "stream_error") throw new Error(parsed.message);
         this.onEvent(name, parsed);
-        if (name === "run_end") ended = true;
+        if (name === "run_end") this.ended = true;
       }
     }
   }
@@ -517,7 +568,7 @@ document.addEventListener("DOMContentLoaded", () => {
     send(text);
   });
   $("message").addEventListener("keydown", (event) => {
-    if (event.key === "Enter" && !event.shiftKey) {
+    if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
       event.preventDefault();
       $("composer").requestSubmit();
     }

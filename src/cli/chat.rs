@@ -63,9 +63,10 @@ async fn follow(client: &Client, run_id: &str, json: bool, input: &mut Input) ->
     let mut out = std::io::stdout();
     let mut waiting = Waiting::default();
     let mut last = 0;
+    // One view for the whole run, across its questions: its durations are the run's.
+    let mut view = (!json).then(|| View::new(std::io::stdout().is_terminal()));
     loop {
-        let view = (!json).then(|| View::new(std::io::stdout().is_terminal()));
-        let status = client.follow_waiting(run_id, view, &mut out, &mut waiting, &mut last).await?;
+        let status = client.follow_waiting(run_id, &mut view, &mut out, &mut waiting, &mut last).await?;
         if status != RunStatus::WaitingInput {
             return Ok(status);
         }

@@ -177,7 +177,7 @@ impl Client {
     /// with `view` (or as JSON lines when `view` is `None`). Returns the run's
     /// status at that point.
     pub async fn follow(&self, id: &str, view: Option<View>, out: &mut impl Write) -> anyhow::Result<RunStatus> {
-        self.follow_waiting(id, view, out, &mut Waiting::default(), &mut 0).await
+        self.follow_waiting(id, &mut { view }, out, &mut Waiting::default(), &mut 0).await
     }
 
     /// [`Client::follow`] from the event after seq `last` (kept up to date, so
@@ -186,7 +186,7 @@ impl Client {
     pub async fn follow_waiting(
         &self,
         id: &str,
-        mut view: Option<View>,
+        view: &mut Option<View>,
         out: &mut impl Write,
         waiting: &mut Waiting,
         last: &mut u64,
@@ -199,7 +199,7 @@ impl Client {
             }
             let outcome = match request.send().await {
                 Ok(response) if response.status().is_success() => {
-                    self.read_stream(response, last, &mut view, out, waiting).await
+                    self.read_stream(response, last, view, out, waiting).await
                 }
                 Ok(response) => {
                     let status = response.status();

@@ -29,6 +29,8 @@ const DEFAULT_WIDTH: usize = 80;
 pub struct View {
     live: bool,
     width: usize,
+    /// Re-read the terminal's width at each redraw (it may be resized).
+    follow_width: bool,
     block: Block,
     frame: usize,
     /// Rows of the live block on screen (0: none); the cursor is on its last row.
@@ -40,6 +42,8 @@ pub struct View {
     /// becomes a draft).
     answer_rows: usize,
     answer_column: usize,
+    /// Whether the first of `answer_rows` is the "Thought for" line.
+    header_row: bool,
     /// The cursor is after streamed answer text, mid-line.
     mid_line: bool,
     /// Steps already printed (piped view).
@@ -50,7 +54,9 @@ impl View {
     /// A view; `live` redraws the reasoning block in place (a terminal), cut to
     /// the terminal's width.
     pub fn new(live: bool) -> Self {
-        Self::with_width(live, terminal_width().unwrap_or(DEFAULT_WIDTH))
+        let mut view = Self::with_width(live, terminal_width().unwrap_or(DEFAULT_WIDTH));
+        view.follow_width = live;
+        view
     }
 
     /// A view for a terminal of `width` columns.
@@ -58,12 +64,14 @@ impl View {
         Self {
             live,
             width: width.max(20),
+            follow_width: false,
             block: Block::new(),
             frame: 0,
             live_rows: 0,
             written: String::new(),
             answer_rows: 0,
             answer_column: 0,
+            header_row: false,
             mid_line: false,
             steps_printed: 0,
         }
@@ -90,6 +98,7 @@ impl View {
             // The line goes with the answer it opens: a draft takes both back.
             self.answer_rows = 2;
             self.answer_column = 0;
+            self.header_row = true;
         }
         match &event.kind {
             EventKind::AssistantDelta { reasoning: false, .. } if self.live => self.write_answer(out)?,
@@ -127,7 +136,7 @@ impl View {
 
     /// Advances the spinner and redraws the reasoning block (terminals only).
     pub fn tick(&mut self, out: &mut impl Write) -> std::io::Result<()> {
-        if self.live && self.block.phase == Phase::Reasoning {
+        if self.live && self.block.phase == Phase::Reasoning && !self.block.waiting {
             self.frame = (self.frame + 1) % SPINNER.len();
             self.redraw(out)?;
             out.flush()?;
@@ -198,7 +207,10 @@ impl View {
     /// The piped view's steps: each headline step the permanent lines do not
     /// already say, once (the model's reasoning text once it is whole).
     fn print_steps(&mut self, out: &mut impl Write) -> std::io::Result<()> {
-        let said = |kind: StepKind| matches!(kind, StepKind::Approval | StepKind::Question | StepKind::Problem);
+        // Approvals, questions, problems and skipped calls have lines of their own.
+        let said = |kind: StepKind| {
+            matches!(kind, StepKind::Approval | StepKind::Question | StepKind::Problem | StepKind::Tool)
+        };
         while let Some(step) = self.block.steps.get(self.steps_printed) {
             let open = self.steps_printed + 1 == self.block.steps.len()
                 && step.call_id.as_deref() == Some("reasoning")
@@ -229,6 +241,7 @@ impl View {
         self.clear(out)?;
         self.end_line(out)?;
         self.answer_rows = 0;
+        self.header_row = false;
         writeln!(out, "{text}")
     }
 
@@ -239,7 +252,7 @@ impl View {
         let new = match self.block.answer.strip_prefix(self.written.as_str()) {
             Some(new) => new.to_owned(),
             None => {
-                self.erase_answer(out)?;
+                self.erase_answer(out, true)?;
                 self.block.answer.clone()
             }
         };
@@ -256,7 +269,7 @@ impl View {
                 self.answer_column = 0;
                 continue;
             }
-            let width = char_width(character);
+            let width = if character == '\t' { 8 - self.answer_column % 8 } else { char_width(character) };
             if self.answer_column + width > self.width {
                 self.answer_rows += 1;
                 self.answer_column = 0;
@@ -276,32 +289,42 @@ impl View {
         if self.written.is_empty() {
             return Ok(());
         }
-        let line = crate::reasoning::clip(&draft.split_whitespace().collect::<Vec<_>>().join(" "), 60);
-        self.erase_answer(out)?;
-        writeln!(out, "  ✎ draft, not the answer (the run went on): {line}")
+        let line = format!("  ✎ draft (the run went on): {}", draft.split_whitespace().collect::<Vec<_>>().join(" "));
+        let line = fit(&line, self.width - 1);
+        self.erase_answer(out, false)?;
+        writeln!(out, "{line}")
     }
 
-    /// Takes back the answer text written so far: erased on a terminal.
-    fn erase_answer(&mut self, out: &mut impl Write) -> std::io::Result<()> {
+    /// Takes back the answer text written so far, with the "Thought for" line
+    /// above it unless `keep_header`: erased on a terminal.
+    fn erase_answer(&mut self, out: &mut impl Write, keep_header: bool) -> std::io::Result<()> {
         self.clear(out)?;
-        if self.live && self.answer_rows > 0 {
+        let header = usize::from(keep_header && self.header_row);
+        if self.live && self.answer_rows > header {
             // The cursor is on the answer's last row: a full row wraps the cursor
             // only when more is written.
-            erase_rows(out, self.answer_rows)?;
+            erase_rows(out, self.answer_rows - header)?;
             self.mid_line = false;
+            self.answer_rows = header * 2;
         } else {
             self.end_line(out)?;
+            self.answer_rows = 0;
         }
+        self.header_row = header == 1;
+        self.answer_column = 0;
         self.written.clear();
-        self.answer_rows = 0;
         Ok(())
     }
 
     /// Redraws the live block: "⠋ Reasoning · 9s" and the last two steps, each
     /// row cut to fit the terminal.
     fn redraw(&mut self, out: &mut impl Write) -> std::io::Result<()> {
-        if !self.live || self.block.phase != Phase::Reasoning {
-            return Ok(());
+        if !self.live || self.block.phase != Phase::Reasoning || self.block.waiting {
+            // A run that waits for a person shows its question, not a timer.
+            return self.clear(out);
+        }
+        if self.follow_width {
+            self.width = terminal_width().unwrap_or(self.width).max(20);
         }
         self.end_line(out)?;
         let seconds = self.block.reasoning_ms(Utc::now()) / 1000;
@@ -336,11 +359,11 @@ fn seconds(millis: u64) -> String {
 /// `text` on one row of at most `columns` columns, "…" where cut; control
 /// characters (a newline in a step) become spaces.
 fn fit(text: &str, columns: usize) -> String {
+    let visible = || text.chars().map(|character| if character.is_control() { ' ' } else { character });
     let mut fitted = String::new();
     let mut used = 0;
-    let total: usize = text.chars().map(char_width).sum();
-    for character in text.chars() {
-        let character = if character.is_control() { ' ' } else { character };
+    let total: usize = visible().map(char_width).sum();
+    for character in visible() {
         let width = char_width(character);
         if total > columns && used + width > columns.saturating_sub(1) {
             fitted.push('…');
@@ -352,28 +375,10 @@ fn fit(text: &str, columns: usize) -> String {
     fitted
 }
 
-/// Columns a character takes on a terminal: 2 for East Asian wide characters
-/// and emoji, 0 for combining marks, else 1.
+/// Columns a character takes on a terminal (2 for wide characters and most
+/// emoji, 0 for combining marks).
 fn char_width(character: char) -> usize {
-    let code = u32::from(character);
-    match code {
-        0x0300..=0x036F | 0x200B..=0x200F | 0xFE00..=0xFE0F => 0,
-        0x1100..=0x115F
-        | 0x2E80..=0x303E
-        | 0x3041..=0x33FF
-        | 0x3400..=0x4DBF
-        | 0x4E00..=0x9FFF
-        | 0xA000..=0xA4CF
-        | 0xAC00..=0xD7A3
-        | 0xF900..=0xFAFF
-        | 0xFE30..=0xFE4F
-        | 0xFF00..=0xFF60
-        | 0xFFE0..=0xFFE6
-        | 0x1F300..=0x1F64F
-        | 0x1F900..=0x1F9FF
-        | 0x20000..=0x3FFFD => 2,
-        _ => 1,
-    }
+    unicode_width::UnicodeWidthChar::width(character).unwrap_or(0)
 }
 
 /// The terminal's width in columns, if standard output is a terminal.

@@ -14,8 +14,8 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use futures::StreamExt;
 use futures::stream::{self, BoxStream};
+use futures::{FutureExt, StreamExt};
 use serde::Deserialize;
 use troupe_actors::protocol::{EventKind, RunEvent, RunId};
 use troupe_actors::store::StoreError;
@@ -88,7 +88,7 @@ pub async fn run_events(
     }
     let block = match query.view.as_deref() {
         None => None,
-        Some("block") => Some(BlockView { block: Block::new(), after }),
+        Some("block") => Some(BlockView::new(after)),
         Some(other) => return Err(ApiError::invalid(format!("unknown view {other:?}: the one view is `block`"))),
     };
     // The block is made from the whole run: its events before `after` are read
@@ -96,7 +96,15 @@ pub async fn run_events(
     let from = if block.is_some() { 0 } else { after };
     let events = state.inner.runtime.subscribe(run.run_id, from);
     let keep_alive = KeepAlive::new().interval(state.inner.timing.sse_keep_alive);
-    let open = OpenStream { state: state.clone(), tenant, run_id: run.run_id, slot: Some(slot), sent: None, block };
+    let open = OpenStream {
+        state: state.clone(),
+        tenant,
+        run_id: run.run_id,
+        slot: Some(slot),
+        sent: None,
+        block,
+        pending: None,
+    };
     Ok(Sse::new(frames(events, open).flat_map(stream::iter)).keep_alive(keep_alive).into_response())
 }
 
@@ -112,34 +120,76 @@ struct OpenStream {
     sent: Option<bool>,
     /// With `view=block`: the run's block so far.
     block: Option<BlockView>,
+    /// What the subscription gave after a batch, to handle next.
+    pending: Option<Next>,
 }
 
 /// A stream's reasoning block, and the seq after which its events are sent.
 struct BlockView {
     block: Block,
     after: u64,
+    /// The block changed since the last block frame.
+    dirty: bool,
+    /// A block frame was sent.
+    sent: bool,
 }
 
+/// At most this many events that are ready at once go out before one block frame.
+const BLOCK_BATCH: usize = 256;
+
 impl BlockView {
-    /// Applies `event`; the frames to send for it: none for an event at or
-    /// before `after`, else the event, then the block if it changed (the
-    /// answer's growth alone is in the event) or if it is the first one sent.
-    fn frames(&mut self, event: &RunEvent) -> Vec<Result<Event, Infallible>> {
-        let first = self.block.seq <= self.after;
-        let change = self.block.apply(event);
-        if event.seq <= self.after {
-            return Vec::new();
+    fn new(after: u64) -> Self {
+        Self { block: Block::new(), after, dirty: false, sent: false }
+    }
+
+    /// Applies a batch of events (those that were ready together); the frames to
+    /// send: each event after `after`, then the block once, if it changed (the
+    /// answer's growth alone is in the events) or none was sent yet, as soon as
+    /// the run's events up to `after` are applied (so a resumed client gets the
+    /// block even if no event follows).
+    fn frames(&mut self, batch: &[Arc<RunEvent>]) -> Vec<Result<Event, Infallible>> {
+        let mut frames = Vec::with_capacity(batch.len() + 1);
+        for event in batch {
+            let change = self.block.apply(event);
+            let resumed = event.seq <= self.after;
+            if change == Change::Block || (resumed && change == Change::Answer) {
+                self.dirty = true;
+            }
+            if !resumed {
+                frames.push(Ok(frame(event)));
+            }
         }
-        let mut frames = vec![Ok(frame(event))];
-        if change == Change::Block || first {
+        if self.block.seq >= self.after && (self.dirty || !self.sent) {
             let mut value = serde_json::to_value(&self.block).unwrap_or_default();
             if let Some(object) = value.as_object_mut() {
                 object.insert("server_time".into(), serde_json::json!(crate::reasoning::now_text()));
             }
             frames.push(Ok(Event::default().event(BLOCK).data(value.to_string())));
+            self.dirty = false;
+            self.sent = true;
         }
         frames
     }
+}
+
+/// What the subscription gave next.
+type Next = Option<Result<Arc<RunEvent>, StoreError>>;
+
+/// `first` and the events ready after it (up to [`BLOCK_BATCH`]); what ended the
+/// batch early (an error, the end) comes back to be handled next.
+fn ready_batch(
+    first: Arc<RunEvent>,
+    events: &mut BoxStream<'static, Result<Arc<RunEvent>, StoreError>>,
+) -> (Vec<Arc<RunEvent>>, Option<Next>) {
+    let mut batch = vec![first];
+    while batch.len() < BLOCK_BATCH {
+        match events.next().now_or_never() {
+            Some(Some(Ok(event))) => batch.push(event),
+            Some(other) => return (batch, Some(other)),
+            None => break,
+        }
+    }
+    (batch, None)
 }
 
 impl OpenStream {
@@ -169,16 +219,26 @@ fn frames(
                 }
                 return None;
             }
-            next = events.next() => next,
+            next = async {
+                match open.pending.take() {
+                    Some(next) => next,
+                    None => events.next().await,
+                }
+            } => next,
         };
         match next {
             Some(Ok(event)) => {
-                let frames = match open.block.as_mut() {
-                    Some(block) => block.frames(&event),
-                    None => vec![Ok(frame(&event))],
+                let (frames, last) = match open.block.as_mut() {
+                    Some(block) => {
+                        let (batch, pending) = ready_batch(event, &mut events);
+                        open.pending = pending;
+                        let last = batch.iter().rev().find(|event| event.seq > block.after).cloned();
+                        (block.frames(&batch), last)
+                    }
+                    None => (vec![Ok(frame(&event))], Some(event)),
                 };
-                if !frames.is_empty() {
-                    open.sent = Some(matches!(event.kind, EventKind::RunEnd { .. }));
+                if let Some(last) = last {
+                    open.sent = Some(matches!(last.kind, EventKind::RunEnd { .. }));
                 }
                 Some((frames, (events, open)))
             }

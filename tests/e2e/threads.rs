@@ -33,12 +33,12 @@ impl TestServer {
         self.send(Method::POST, &format!("/v1/threads/{thread}/runs"), Some(ALPHA), Some(body)).await
     }
 
-    async fn run(&self, id: &str) -> Value {
+    pub(crate) async fn run(&self, id: &str) -> Value {
         self.send(Method::GET, &format!("/v1/runs/{id}"), Some(ALPHA), None).await.body
     }
 
     /// Waits until the run has ended; its record.
-    async fn ended(&self, id: &str) -> Value {
+    pub(crate) async fn ended(&self, id: &str) -> Value {
         let what = format!("run {id} to end");
         eventually(Duration::from_secs(30), &what, || async {
             let run = self.run(id).await;

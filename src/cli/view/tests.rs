@@ -169,8 +169,8 @@ fn an_answer_sent_back_by_the_review_is_erased_and_shown_as_a_draft() {
         let end = screens.last().unwrap();
         assert_eq!(lines_with(end, "A parcel from Acme arrives today."), 1, "{end}");
         assert_eq!(lines_with(end, "You have no deliveries"), 1, "only the draft line keeps it:\n{end}");
-        assert_eq!(lines_with(end, "✎ draft, not the answer"), 1, "{end}");
-        assert!(!end.contains("last week of mail."), "the draft's full text is gone:\n{end}");
+        assert_eq!(lines_with(end, "✎ draft (the run went on): You have no deliveries"), 1, "{end}");
+        assert_eq!(lines_with(end, "Thought for"), 1, "the draft's own header is gone too:\n{end}");
         // Reasoning: 0 – 1 s, then 1.2 – 5 s.
         assert_eq!(lines_with(end, "Thought for 4s"), 1, "{end}");
     }
@@ -234,4 +234,47 @@ fn fit_cuts_by_columns_and_keeps_short_text() {
     assert_eq!(fit("0123456789abc", 10), "012345678…");
     assert_eq!(fit("日本語のテキスト", 7), "日本語…");
     assert_eq!(fit("a\nb", 10), "a b");
+}
+
+#[test]
+fn a_run_that_parks_leaves_no_live_block_and_its_timer_stands() {
+    let script = Script::new()
+        .at(0, EventKind::TurnStart { turn: 1 })
+        .at(500, step("Looking for the order"))
+        .at(1_000, EventKind::WaitingInput { prompt: "Which shop?".into(), sub_run: None });
+    for width in [60u16, 80, 120] {
+        let screens = play(width, &script.events);
+        let parked = screens.last().unwrap();
+        assert_eq!(lines_with(parked, "Reasoning ·"), 0, "width {width}:\n{parked}");
+        assert!(parked.contains("? Which shop?"), "{parked}");
+        assert!(parked.trim_end().ends_with("\"…\")"), "the cursor is on a line of its own after:\n{parked}");
+    }
+}
+
+#[test]
+fn wide_characters_are_counted_by_their_columns() {
+    // Emoji and CJK take two columns: a long step of them still fits one row.
+    let wide = "🚀 ✅ 日本語のテキストを検索しています ".repeat(8);
+    let script = Script::new().at(0, EventKind::TurnStart { turn: 1 }).at(100, step(&wide)).at(200, step(&wide));
+    for width in [60u16, 80, 120] {
+        let screens = play(width, &script.events);
+        let screen = screens.last().unwrap();
+        assert_eq!(lines_with(screen, "Reasoning ·"), 1, "width {width}:\n{screen}");
+        assert_eq!(screen.lines().filter(|line| !line.trim().is_empty()).count(), 3, "width {width}:\n{screen}");
+    }
+    // A draft of wide text wraps as the terminal wraps it, and is erased whole.
+    let script = Script::new()
+        .at(0, EventKind::TurnStart { turn: 1 })
+        .at(100, answer(&"日本語🚀".repeat(40)))
+        .at(200, EventKind::TurnStart { turn: 2 })
+        .at(300, answer("Done."))
+        .at(400, EventKind::FinalOutput { text: "Done.".into(), citations: vec![] });
+    for width in [60u16, 80, 120] {
+        let screens = play(width, &script.events);
+        let end = screens.last().unwrap();
+        let rows = end.lines().filter(|line| line.contains("日本語🚀")).collect::<Vec<_>>();
+        assert!(rows.len() == 1 && rows[0].contains("✎ draft"), "only the draft line keeps it, width {width}:\n{end}");
+        assert_eq!(lines_with(end, "✎ draft"), 1, "width {width}:\n{end}");
+        assert_eq!(lines_with(end, "Done."), 1, "width {width}:\n{end}");
+    }
 }
