@@ -173,10 +173,12 @@ pub trait Tool: Send + Sync + 'static {
         format!("Calling {}", self.name())
     }
 
-    /// A short human line for the `reasoning_step` event when a call ends.
+    /// A short human line for the `reasoning_step` event when a call ends: by
+    /// default what the result says of itself (its `summary`), else what it
+    /// holds ("search_emails found 5 emails"), else that it finished.
     fn describe_end(&self, outcome: &ToolOutcome) -> String {
         match outcome {
-            ToolOutcome::Ok { .. } => format!("{} finished", self.name()),
+            ToolOutcome::Ok { value, .. } => describe_value(self.name(), value),
             ToolOutcome::Failed { code, .. } => format!("{} failed ({code})", self.name()),
             ToolOutcome::Skipped { reason, .. } => {
                 format!("{} skipped ({})", self.name(), reason.as_str())
@@ -200,6 +202,31 @@ pub trait Tool: Send + Sync + 'static {
 
     /// Runs the call. Failures are values; a panic is caught by the pool.
     async fn call(&self, context: ToolContext, args: Value) -> Result<ToolOutput, ToolError>;
+}
+
+/// What a result says of itself, for [`Tool::describe_end`].
+fn describe_value(name: &str, value: &Value) -> String {
+    let Some(object) = value.as_object() else {
+        return match value.as_str().map(str::trim) {
+            Some(text) if !text.is_empty() => {
+                let first: String = text.lines().next().unwrap_or_default().chars().take(80).collect();
+                format!("{name} returned \"{first}\"")
+            }
+            _ => format!("{name} finished"),
+        };
+    };
+    if let Some(summary) = object.get("summary").and_then(Value::as_str).filter(|text| !text.trim().is_empty()) {
+        return summary.trim().to_owned();
+    }
+    // The first list of the result, unless it is MCP's list of content parts.
+    let list = object.iter().find(|(key, value)| value.is_array() && key.as_str() != "content");
+    match list {
+        Some((key, Value::Array(items))) => {
+            let noun = if items.len() == 1 { key.strip_suffix('s').unwrap_or(key) } else { key.as_str() };
+            format!("{name} found {} {}", items.len(), noun.replace('_', " "))
+        }
+        _ => format!("{name} finished"),
+    }
 }
 
 /// `tool.describe_start(args)`, or a plain line if the tool panics: a description
@@ -352,5 +379,16 @@ mod tests {
         let registry = ToolRegistry::new().with(Arc::new(SchemaTool(local))).unwrap();
         let validator = &registry.get("schema_tool").unwrap().validator;
         assert!(validator.is_valid(&json!({"a": 1})) && !validator.is_valid(&json!({"a": "x"})));
+    }
+
+    #[test]
+    fn a_result_describes_itself_by_its_summary_or_what_it_holds() {
+        let line = |value: Value| describe_value("search_emails", &value);
+        assert_eq!(line(json!({"summary": "Filed it in archive.", "emails": []})), "Filed it in archive.");
+        assert_eq!(line(json!({"count": 5, "emails": [1, 2, 3, 4, 5]})), "search_emails found 5 emails");
+        assert_eq!(line(json!({"emails": [1]})), "search_emails found 1 email");
+        assert_eq!(line(json!({"content": [{"type": "text"}]})), "search_emails finished");
+        assert_eq!(line(json!("12 rows\nmore")), "search_emails returned \"12 rows\"");
+        assert_eq!(line(json!({"ok": true})), "search_emails finished");
     }
 }
