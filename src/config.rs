@@ -221,6 +221,10 @@ pub fn parse_agent(origin: &str, text: &str) -> Result<AgentConfig, ConfigError>
     }
     troupe_actors::steps::check(&agent.steps, &agent.tools)
         .map_err(|message| ConfigError::Invalid { origin: origin.to_owned(), message })?;
+    agent.limits.check().map_err(|message| ConfigError::Invalid {
+        origin: origin.to_owned(),
+        message: format!("[limits]: {message}"),
+    })?;
     if agent.reflect && !agent.steps.is_empty() {
         let message = "reflect and steps do not go together: a reflecting agent decides its own turns".to_owned();
         return Err(ConfigError::Invalid { origin: origin.to_owned(), message });
@@ -320,5 +324,12 @@ mod tests {
         let both = format!("{thinker}[[steps]]\ntool = \"text_stats\"\n");
         let error = parse_agent("thinker.toml", &both).unwrap_err().to_string();
         assert!(error.contains("thinker.toml") && error.contains("reflect and steps"), "{error}");
+    }
+
+    #[test]
+    fn an_agent_with_a_budget_that_cannot_bound_a_run_is_refused() {
+        let text = "name = \"spender\"\ninstructions = \"x\"\n[limits]\nmax_cost_usd = -1.0\n";
+        let error = parse_agent("agents/spender.toml", text).unwrap_err().to_string();
+        assert!(error.contains("agents/spender.toml") && error.contains("max_cost_usd must be a positive"), "{error}");
     }
 }

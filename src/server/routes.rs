@@ -49,7 +49,93 @@ impl Modify for BearerAuth {
 
 /// The OpenAPI 3.1 document of the API.
 pub fn openapi() -> utoipa::openapi::OpenApi {
-    ApiDoc::openapi()
+    let document = ApiDoc::openapi();
+    let Ok(mut value) = serde_json::to_value(&document) else { return document };
+    complete(&mut value);
+    serde_json::from_value(value).unwrap_or(document)
+}
+
+/// What the handlers' annotations leave out but the server does, written into
+/// the document so that strict validators and client generators take it: a
+/// description for every response, the answers every route can give (401, 503;
+/// 413 and 415 where a body is read; 429 where a run or stream is opened), the
+/// values the server accepts (`enum`s, minima).
+fn complete(document: &mut serde_json::Value) {
+    use serde_json::{Value, json};
+    let error = |description: &str| {
+        json!({"description": description,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}})
+    };
+    if let Some(paths) = document.get_mut("paths").and_then(Value::as_object_mut) {
+        for (path, operations) in paths.iter_mut() {
+            let Some(operations) = operations.as_object_mut() else { continue };
+            for (method, operation) in operations.iter_mut() {
+                let has_body = operation.get("requestBody").is_some();
+                let opens = method == "post" && !path.ends_with("/cancel") && !path.ends_with("/input")
+                    || path.ends_with("/events");
+                let Some(responses) = operation.get_mut("responses").and_then(Value::as_object_mut) else { continue };
+                for (status, response) in responses.iter_mut() {
+                    if response.get("description").and_then(Value::as_str).is_none_or(str::is_empty) {
+                        response["description"] = json!(default_description(status));
+                    }
+                }
+                if path.starts_with("/v1/") {
+                    responses.entry("401").or_insert_with(|| error("`unauthorized`: no valid bearer token."));
+                }
+                if has_body {
+                    responses
+                        .entry("413")
+                        .or_insert_with(|| error("`payload_too_large`: body over server.max_body_bytes."));
+                    responses
+                        .entry("415")
+                        .or_insert_with(|| error("`invalid_json`: the body is not sent as `application/json`."));
+                }
+                if opens {
+                    responses.entry("429").or_insert_with(|| {
+                        error("`overloaded`, `tenant_overloaded`, `too_many_streams` or `thread_queue_full`; see `Retry-After`.")
+                    });
+                }
+                if path != "/healthz" && path != "/openapi.json" {
+                    responses.entry("503").or_insert_with(|| {
+                        error("`unavailable` (shutting down), `store_error` or `timeout` (server.request_timeout); see `Retry-After`.")
+                    });
+                }
+            }
+        }
+    }
+    let Some(schemas) = document.pointer_mut("/components/schemas").and_then(Value::as_object_mut) else { return };
+    let mut set = |schema: &str, property: &str, key: &str, value: Value| {
+        if let Some(property) =
+            schemas.get_mut(schema).and_then(|schema| schema.pointer_mut(&format!("/properties/{property}")))
+        {
+            property[key] = value;
+        }
+    };
+    let statuses = json!(["queued", "running", "waiting_input", "succeeded", "failed", "cancelled"]);
+    set("RunView", "status", "enum", statuses);
+    set("ThreadDetail", "status", "enum", json!(["busy", "idle"]));
+    let strategies = json!(["reject", "enqueue", "interrupt", "rollback", null]);
+    set("CreateRun", "multitask_strategy", "enum", strategies.clone());
+    set("CreateThreadRun", "multitask_strategy", "enum", strategies);
+    set("CreateRun", "input", "minLength", json!(1));
+    set("CreateThreadRun", "input", "minLength", json!(1));
+    for limit in ["max_turns", "max_parallel_tools", "max_tokens"] {
+        set("LimitsBody", limit, "minimum", json!(1));
+    }
+    set("LimitsBody", "max_cost_usd", "exclusiveMinimum", json!(0));
+}
+
+/// A response's description when its annotation gives none.
+fn default_description(status: &str) -> &'static str {
+    match status {
+        "200" => "OK.",
+        "201" => "Created.",
+        "204" => "Done; no body.",
+        "400" => "`invalid_request`, `invalid_json` or `invalid_limits`: the request is malformed.",
+        "404" => "`not_found`: no such resource for this tenant (another tenant's is not found either).",
+        "409" => "The resource is not in a state that allows this.",
+        _ => "See the error's `code`.",
+    }
 }
 
 pub(super) fn router(state: AppState) -> Router {

@@ -457,9 +457,23 @@ async fn bad_requests_get_typed_errors() {
     assert_eq!((unknown.status, unknown.code()), (StatusCode::NOT_FOUND, "unknown_agent"));
     let extra = server.send(post.clone(), "/v1/runs", Some(ALPHA), Some(json!({"input": "x", "inptu": "y"}))).await;
     assert_eq!((extra.status, extra.code()), (StatusCode::BAD_REQUEST, "invalid_json"));
-    let limits = json!({"input": "x", "limits": {"max_turns": 0, "max_parallel_tools": 1}});
-    let limits = server.send(post, "/v1/runs", Some(ALPHA), Some(limits)).await;
-    assert_eq!((limits.status, limits.code()), (StatusCode::BAD_REQUEST, "invalid_limits"));
+    for bad in [
+        json!({"max_turns": 0, "max_parallel_tools": 1}),
+        json!({"max_cost_usd": -1.0}),
+        json!({"max_cost_usd": 0.0}),
+        json!({"max_tokens": 0}),
+    ] {
+        let limits =
+            server.send(post.clone(), "/v1/runs", Some(ALPHA), Some(json!({"input": "x", "limits": bad}))).await;
+        assert_eq!(
+            (limits.status, limits.code()),
+            (StatusCode::BAD_REQUEST, "invalid_limits"),
+            "{bad}: {}",
+            limits.body
+        );
+    }
+    let listed = server.send(reqwest::Method::GET, "/v1/runs", Some(ALPHA), None).await;
+    assert_eq!(listed.body["runs"], json!([]), "a refused request creates no run");
     let nowhere = server.send(reqwest::Method::GET, "/v2/nothing", Some(ALPHA), None).await;
     assert_eq!((nowhere.status, nowhere.code()), (StatusCode::NOT_FOUND, "not_found"));
     let wrong = server.send(reqwest::Method::DELETE, "/v1/runs", Some(ALPHA), None).await;
@@ -584,6 +598,22 @@ async fn the_catalog_health_and_openapi_routes_answer() {
         assert!(document["paths"][path].is_object(), "{path} is documented");
     }
     assert!(document["components"]["securitySchemes"]["bearer"].is_object());
+    // What strict validators and client generators need (CI also runs one).
+    for (path, operations) in document["paths"].as_object().unwrap() {
+        for (method, operation) in operations.as_object().unwrap() {
+            for (status, response) in operation["responses"].as_object().unwrap() {
+                let described = response["description"].as_str().is_some_and(|text| !text.is_empty());
+                assert!(described, "{method} {path} {status} has a description");
+            }
+            if path.starts_with("/v1/") {
+                assert!(operation["responses"]["401"].is_object(), "{method} {path} documents 401");
+            }
+        }
+    }
+    let schemas = &document["components"]["schemas"];
+    assert_eq!(schemas["RunView"]["properties"]["status"]["enum"][0], "queued");
+    assert_eq!(schemas["CreateRun"]["properties"]["input"]["minLength"], 1);
+    assert_eq!(schemas["LimitsBody"]["properties"]["max_turns"]["minimum"], 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -73,6 +73,28 @@ impl Default for Limits {
     }
 }
 
+impl Limits {
+    /// Why these limits cannot bound a run, if they cannot: a run needs a turn and
+    /// a tool slot, and a budget is a positive amount (a budget of 0 or below would
+    /// stop the run before its first call).
+    pub fn check(&self) -> Result<(), String> {
+        if self.max_turns == 0 || self.max_parallel_tools == 0 {
+            return Err("max_turns and max_parallel_tools must be at least 1".to_owned());
+        }
+        if self.max_tokens == Some(0) {
+            return Err("max_tokens must be at least 1 (leave it out for no bound)".to_owned());
+        }
+        if let Some(cost) = self.max_cost_usd
+            && !(cost.is_finite() && cost > 0.0)
+        {
+            return Err(format!(
+                "max_cost_usd must be a positive number of USD, not {cost} (leave it out for no bound)"
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// What a client asks for: one request to one agent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunSpec {
