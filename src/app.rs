@@ -35,6 +35,8 @@ pub enum Purpose {
     Resume,
     /// `troupe eval`: a task file's runs in-process, on the configured models.
     Eval,
+    /// `troupe config check`: nothing runs; problems are reported, not logged.
+    Check,
     /// `troupe gc`: the store only (no MCP server is started).
     Gc,
 }
@@ -103,6 +105,70 @@ impl App {
     }
 }
 
+/// What `troupe config check` found in a configuration that loads.
+pub struct Checked {
+    /// The agents, by name.
+    pub agents: Vec<String>,
+    /// The models, by name, and the default.
+    pub models: Vec<String>,
+    /// The default model.
+    pub default_model: String,
+    /// The tools.
+    pub tools: usize,
+    /// The MCP servers configured.
+    pub mcp_servers: usize,
+    /// Where runs are kept (password hidden).
+    pub store: String,
+    /// What `troupe serve` would still refuse or warn about (no API token, the
+    /// local model not downloaded), though the configuration is valid.
+    pub warnings: Vec<String>,
+}
+
+impl App {
+    /// Checks `config` as `build` would for `serve`, without opening the store or
+    /// starting MCP servers: agents, the tool guide, models, tools, the email
+    /// tools' model, `[server]`, `[auth]`, `[mcp]`, the store's URL.
+    pub fn check(config: &Config, env: &Environment, agents_dir: Option<&Path>) -> anyhow::Result<Checked> {
+        let agents = load_agents(agents_dir)?;
+        if let Some(path) = &config.tools.guide_path {
+            std::fs::read_to_string(path).with_context(|| format!("cannot read the tool guide {}", path.display()))?;
+        }
+        let models = build_model_registry(config, env, Purpose::Check)?;
+        let mut tools = crate::tools::builtin_registry(&config.tools)?;
+        if let Some(name) = &config.email.model {
+            models.get(Some(name)).with_context(|| format!("email.model names an unknown model {name:?}"))?;
+        }
+        crate::email::register(&mut tools, Arc::new(config.email.mailboxes(&config.data_dir)), models.fallback())?;
+        config.server.connection_timeouts()?;
+        crate::server::check_config(&config.server)?;
+        let mcp_servers = config.mcp.servers(|name| env.var(name))?.len();
+        let store_url = config.store_url();
+        if !["sqlite:", "postgres:", "postgresql:"].iter().any(|scheme| store_url.starts_with(scheme)) {
+            anyhow::bail!("store.url {} is neither sqlite: nor postgres:", redact_url(&store_url));
+        }
+        let mut warnings = Vec::new();
+        if let Err(error) = Auth::new(&config.auth, env.api_tokens.as_deref()) {
+            warnings.push(format!("troupe serve would refuse to start: {error}"));
+        }
+        if models.fallback().name() == LOCAL
+            && let Some(problem) = local_model::file_problem(
+                local_model::build(&config.local_model, &config.data_dir).map_err(anyhow::Error::msg)?.settings(),
+            )
+        {
+            warnings.push(format!("{problem}; until then runs on the default model fail"));
+        }
+        Ok(Checked {
+            agents: agents.iter().map(|agent| agent.name.clone()).collect(),
+            models: models.names(),
+            default_model: models.fallback().name().to_owned(),
+            tools: tools.names().len(),
+            mcp_servers,
+            store: redact_url(&store_url),
+            warnings,
+        })
+    }
+}
+
 /// The configured models, the environment's, and the local one; the default is
 /// the offline model for a demo while the local one is not downloaded.
 fn build_model_registry(config: &Config, env: &Environment, purpose: Purpose) -> anyhow::Result<ModelRegistry> {
@@ -127,7 +193,7 @@ fn build_model_registry(config: &Config, env: &Environment, purpose: Purpose) ->
             if let Some(offline) = models.get(Some(OFFLINE)) {
                 models = models.with_default(offline);
             }
-        } else {
+        } else if purpose != Purpose::Check {
             tracing::warn!("{problem}; until then runs on the default model fail (model_unavailable)");
         }
     }

@@ -170,6 +170,17 @@ enum Command {
     },
     /// Print the API's OpenAPI document (also served at /openapi.json).
     Openapi,
+    /// The configuration.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+    /// Print a completion script for SHELL (bash, zsh, fish, elvish, powershell):
+    /// e.g. `troupe completions bash > /etc/bash_completion.d/troupe`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
     /// The email tools' mailbox (`[email]` in the config): import mail, load the
     /// sample, search it, read the outbox.
     Mailbox {
@@ -184,6 +195,19 @@ enum Command {
     Model {
         #[command(subcommand)]
         command: ModelCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Check a configuration as `troupe serve` would load it (the built-in
+    /// defaults, FILE or --config, TROUPE_* variables, the agent files), without
+    /// opening the store or starting anything: exit 0 if it is valid, 2 with the
+    /// first problem if not. What serve would still refuse (no API token) is a
+    /// warning.
+    Check {
+        /// The config file to check (instead of --config).
+        file: Option<PathBuf>,
     },
 }
 
@@ -405,6 +429,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("{}", troupe::server::hash_token(&token));
             Ok(ExitCode::SUCCESS)
         }
+        Command::Completions { shell } => {
+            let mut command = <Cli as clap::CommandFactory>::command();
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut command, "troupe", &mut script);
+            match std::io::Write::write_all(&mut std::io::stdout(), &script) {
+                // A reader that stopped early (`| head`) is not an error.
+                Err(error) if error.kind() != std::io::ErrorKind::BrokenPipe => Err(error.into()),
+                _ => Ok(ExitCode::SUCCESS),
+            }
+        }
         Command::Openapi => {
             println!("{}", serde_json::to_string_pretty(&troupe::server::openapi())?);
             Ok(ExitCode::SUCCESS)
@@ -433,6 +467,27 @@ async fn remote_threads(command: ThreadsCommand) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// `troupe config check`: what the configuration holds, and what serve would warn of.
+fn config_check(
+    config: &troupe::config::Config,
+    env: &Environment,
+    agents_dir: Option<&std::path::Path>,
+) -> anyhow::Result<ExitCode> {
+    let checked = App::check(config, env, agents_dir)?;
+    println!("configuration OK");
+    println!("  store    {}", checked.store);
+    println!("  agents   {}", checked.agents.join(", "));
+    let named =
+        if checked.models.is_empty() { String::new() } else { format!(" (named: {})", checked.models.join(", ")) };
+    println!("  models   default {}{named}", checked.default_model);
+    println!("  tools    {}", checked.tools);
+    println!("  MCP      {} server(s)", checked.mcp_servers);
+    for warning in &checked.warnings {
+        println!("warning: {warning}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 /// Commands that read the configuration and run in this process.
 fn in_process(
     config_file: Option<PathBuf>,
@@ -445,9 +500,18 @@ fn in_process(
         Command::Serve { bind, .. } => bind.clone(),
         _ => None,
     };
+    let config_file = match &command {
+        Command::Config { command: ConfigCommand::Check { file: Some(file) } } => Some(file.clone()),
+        _ => config_file,
+    };
     let mut config = setup::load_config(Overrides { config_file, data_dir, bind }, &env)?;
     let runtime = runtime_for(&config, &env)?;
     let agents_dir = setup::agents_dir(agents_dir);
+    if let Command::Config { command: ConfigCommand::Check { .. } } = command {
+        // Model clients are built as serve builds them, inside a runtime.
+        let _inside = runtime.enter();
+        return config_check(&config, &env, agents_dir.as_deref());
+    }
     if let Command::Eval { file, tag, tasks, json, timeout, min_pass, keep } = command {
         let args = EvalArgs { file, tag, tasks, json, timeout: Duration::from_secs(timeout), min_pass };
         let tasks = eval::select(&args)?;

@@ -270,6 +270,13 @@ impl ModelRegistry {
         self.default.clone()
     }
 
+    /// The names of the named models, sorted.
+    pub fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.named.keys().cloned().collect();
+        names.sort();
+        names
+    }
+
     /// The model called `name`, or the default for `None`.
     pub fn get(&self, name: Option<&str>) -> Option<Arc<dyn ModelClient>> {
         match name {

@@ -63,7 +63,7 @@ pub mod api_types {
 pub use auth::{Auth, AuthConfig, AuthError, TokenConfig, hash_token};
 pub use config::{ConnectionTimeouts, ServeError, ServerConfig};
 pub use error::ApiError;
-pub use state::AppState;
+pub use state::{AppState, check_config};
 pub use telemetry::install_prometheus;
 
 /// Serves `router` on `listener` until `shutdown` is cancelled, then stops taking

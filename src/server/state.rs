@@ -51,17 +51,29 @@ impl AppState {
         shutdown: CancellationToken,
     ) -> Result<Self, ServeError> {
         let timing = config.timing()?;
-        let metrics_token = match &config.metrics_token_sha256 {
-            Some(hex) => Some(HashedToken::from_hex(hex).ok_or_else(|| {
-                ServeError::Config("metrics_token_sha256 must be 64 hex digits (`troupe hash-token TOKEN`)".to_owned())
-            })?),
-            None => None,
-        };
+        let metrics_token = metrics_token(&config)?;
         let streams = StreamSlots::new(config.max_sse_clients, config.max_sse_clients_per_tenant);
         let throttle = LogThrottle::default();
         let inner = Inner { runtime, auth, config, timing, prometheus, metrics_token, streams, shutdown, throttle };
         Ok(Self { inner: Arc::new(inner) })
     }
+}
+
+/// The token `/metrics` asks for, if one is set.
+fn metrics_token(config: &ServerConfig) -> Result<Option<HashedToken>, ServeError> {
+    match &config.metrics_token_sha256 {
+        Some(hex) => Ok(Some(HashedToken::from_hex(hex).ok_or_else(|| {
+            ServeError::Config("metrics_token_sha256 must be 64 hex digits (`troupe hash-token TOKEN`)".to_owned())
+        })?)),
+        None => Ok(None),
+    }
+}
+
+/// Whether `config` is one a server can start with (`troupe config check`).
+pub fn check_config(config: &ServerConfig) -> Result<(), ServeError> {
+    config.timing()?;
+    metrics_token(config)?;
+    Ok(())
 }
 
 /// Middleware: 401 unless the request carries a known token; the tenant goes in

@@ -134,3 +134,48 @@ fn a_store_that_cannot_be_reached_is_a_clear_error_without_the_password() {
     assert!(stderr.contains("cannot open the store at postgres://troupe:***@127.0.0.1:1/none"), "{stderr}");
     assert!(!stderr.contains("hunter2"));
 }
+
+#[test]
+fn config_check_passes_a_valid_configuration_and_names_the_first_problem_of_a_bad_one() {
+    let dir = std::env::temp_dir().join(format!("troupe-e2e-check-{}", std::process::id()));
+    let agents = dir.join("agents");
+    std::fs::create_dir_all(&agents).unwrap();
+    let good = dir.join("good.toml");
+    std::fs::write(&good, "[server]\nbind = \"127.0.0.1:9999\"\n").unwrap();
+    std::fs::write(agents.join("helper.toml"), "name = \"helper\"\ninstructions = \"Help.\"\n").unwrap();
+    let agents_arg = agents.to_str().unwrap();
+
+    let output = troupe(&["config", "check", good.to_str().unwrap(), "--agents", agents_arg]);
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{text} {}", String::from_utf8_lossy(&output.stderr));
+    assert!(text.starts_with("configuration OK") && text.contains("agents   default, helper"), "{text}");
+
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "[server]\nrequest_timeout = -1.0\n").unwrap();
+    let output = troupe(&["config", "check", bad.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("request_timeout"), "{output:?}");
+
+    std::fs::write(
+        agents.join("spender.toml"),
+        "name = \"spender\"\ninstructions = \"x\"\n[limits]\nmax_cost_usd = -1.0\n",
+    )
+    .unwrap();
+    let output = troupe(&["config", "check", good.to_str().unwrap(), "--agents", agents_arg]);
+    assert_eq!(output.status.code(), Some(2));
+    let errors = String::from_utf8_lossy(&output.stderr);
+    assert!(errors.contains("spender.toml") && errors.contains("max_cost_usd"), "{errors}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn completions_are_printed_for_each_shell() {
+    for shell in ["bash", "zsh", "fish"] {
+        let output = troupe(&["completions", shell]);
+        assert!(output.status.success(), "{shell}");
+        let script = String::from_utf8(output.stdout).unwrap();
+        assert!(script.contains("serve") && script.contains("threads") && script.contains("reasoning"), "{shell}");
+    }
+    let output = troupe(&["completions", "nushell-ish"]);
+    assert_eq!(output.status.code(), Some(2), "an unknown shell is refused");
+}
