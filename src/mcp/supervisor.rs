@@ -285,10 +285,16 @@ async fn connect(spec: &ServerSpec, tools_changed: Arc<Notify>) -> Result<(Servi
                 .stderr(Stdio::piped())
                 .spawn()
                 .map_err(|error| format!("cannot start {command:?}: {error}"))?;
-            if let Some(stderr) = stderr {
-                forward_stderr(spec.name.clone(), stderr);
+            let tail = stderr.map(|stderr| forward_stderr(spec.name.clone(), stderr));
+            match handler.serve(transport).await {
+                Ok(service) => service,
+                // The server's own words say why (a missing module, a bad flag): they
+                // go with the failure, which is logged at warn.
+                Err(error) => match tail {
+                    Some(tail) => return Err(format!("handshake failed: {error}{}", tail.last_words().await)),
+                    None => return Err(format!("handshake failed: {error}")),
+                },
             }
-            handler.serve(transport).await.map_err(|error| format!("handshake failed: {error}"))?
         }
         Transport::Http { url, headers } => {
             let custom_headers = headers.iter().map(|(name, value)| (name.clone(), value.clone())).collect();
@@ -301,13 +307,45 @@ async fn connect(spec: &ServerSpec, tools_changed: Arc<Notify>) -> Result<(Servi
     Ok((service, tool_set(&spec.name, tools)))
 }
 
-/// The server's stderr, line by line, into our log (at debug: servers are chatty).
-/// Offloaded I/O: the task ends when the child closes its stderr.
-fn forward_stderr(server: String, stderr: tokio::process::ChildStderr) {
-    tokio::spawn(async move {
-        let mut lines = tokio::io::BufReader::new(stderr).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
+/// Lines of a server's stderr kept to explain a failed start.
+const STDERR_TAIL: usize = 8;
+
+/// How long a failed start waits for the rest of a server's stderr.
+const STDERR_DRAIN: Duration = Duration::from_millis(500);
+
+/// The last lines a server wrote to stderr, while its forwarding task runs.
+struct StderrTail {
+    lines: Arc<std::sync::Mutex<std::collections::VecDeque<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl StderrTail {
+    /// "; its stderr: …" with the last lines, once the server closed its stderr
+    /// (it exited) or after [`STDERR_DRAIN`]; empty if it wrote nothing.
+    async fn last_words(self) -> String {
+        let _ = tokio::time::timeout(STDERR_DRAIN, self.task).await;
+        let lines = self.lines.lock().map(|lines| lines.iter().cloned().collect::<Vec<_>>()).unwrap_or_default();
+        if lines.is_empty() { String::new() } else { format!("; its stderr: {}", lines.join(" | ")) }
+    }
+}
+
+/// The server's stderr, line by line, into our log (at debug: servers are chatty),
+/// keeping the last lines. Offloaded I/O: the task ends when the child closes its
+/// stderr.
+fn forward_stderr(server: String, stderr: tokio::process::ChildStderr) -> StderrTail {
+    let lines = Arc::new(std::sync::Mutex::new(std::collections::VecDeque::with_capacity(STDERR_TAIL)));
+    let kept = lines.clone();
+    let task = tokio::spawn(async move {
+        let mut reader = tokio::io::BufReader::new(stderr).lines();
+        while let Ok(Some(line)) = reader.next_line().await {
             debug!(server, "{line}");
+            if let Ok(mut kept) = kept.lock() {
+                if kept.len() == STDERR_TAIL {
+                    kept.pop_front();
+                }
+                kept.push_back(line.chars().take(300).collect());
+            }
         }
     });
+    StderrTail { lines, task }
 }

@@ -318,6 +318,19 @@ async fn a_server_whose_command_does_not_exist_is_reported_and_its_tools_fail_cl
     hub.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_dies_at_start_is_reported_with_its_own_last_words() {
+    let script =
+        "import sys; sys.stderr.write('starting\\nModuleNotFoundError: No module named mcp_weather\\n'); sys.exit(1)";
+    let hub = hub(&stdio_server("weather", "python3", &["-c", script])).await;
+    let status = &hub.status()[0];
+    assert!(!status.connected);
+    let error = status.error.as_deref().unwrap();
+    assert!(error.contains("handshake failed"), "{error}");
+    assert!(error.contains("its stderr: starting | ModuleNotFoundError: No module named mcp_weather"), "{error}");
+    hub.shutdown().await;
+}
+
 #[test]
 fn the_daemon_starts_without_an_unreachable_server_and_stops_its_stdio_servers() {
     let Some(index) = everything() else { return };
