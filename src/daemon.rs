@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 use troupe_actors::config::RuntimeConfig;
 use troupe_actors::{Deps, Runtime};
 
@@ -46,11 +46,31 @@ impl Daemon {
         let runtime = Arc::new(Runtime::start(self.runtime, self.deps).await?);
         let state = AppState::new(runtime.clone(), self.auth, self.server, self.prometheus, shutdown.clone())?;
         ready(local);
+        // A runtime that stops by itself (its shared actors crashed too often) takes
+        // no more runs: the daemon stops serving and exits non-zero, for its service
+        // manager to start a fresh one (which resumes the runs), instead of answering
+        // 503 forever.
+        let melted = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let watch = tokio::spawn({
+            let (runtime, shutdown, melted) = (runtime.clone(), shutdown.clone(), melted.clone());
+            async move {
+                runtime.stopped().await;
+                if !shutdown.is_cancelled() {
+                    error!("the runtime stopped after its shared actors crashed too often; the daemon exits");
+                    melted.store(true, std::sync::atomic::Ordering::SeqCst);
+                    shutdown.cancel();
+                }
+            }
+        });
         let timeouts = ConnectionTimeouts { header_read: timing.header_read_timeout, write: timing.write_timeout };
         server::serve(listener, server::router(state), timeouts, shutdown, timing.shutdown_timeout).await;
+        watch.abort();
         info!("stopping the runtime");
         runtime.shutdown(timing.shutdown_timeout).await;
         info!("stopped");
+        if melted.load(std::sync::atomic::Ordering::SeqCst) {
+            anyhow::bail!("the runtime stopped after its shared actors crashed too often (supervisor meltdown)");
+        }
         Ok(())
     }
 }

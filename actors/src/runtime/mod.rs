@@ -619,6 +619,13 @@ impl Runtime {
         ractor::call!(self.supervisor, |reply| SupervisorMsg::ActiveRuns { reply }).unwrap_or(0)
     }
 
+    /// Resolves once the actor tree has stopped: at shutdown, or after a meltdown
+    /// of the shared actors, after which this runtime takes no more runs (a daemon
+    /// then exits, for its service manager to start a fresh one).
+    pub async fn stopped(&self) {
+        let _ = self.supervisor.wait(None).await;
+    }
+
     /// Whether the actor tree is up and taking runs.
     pub fn accepting(&self) -> bool {
         // `Starting` lasts until the supervisor's first message; it already serves.

@@ -224,6 +224,7 @@ async fn a_meltdown_of_the_shared_actors_stops_the_runtime_and_keeps_its_runs() 
     assert!(first.runtime.accepting(), "one restart is within the intensity");
     crash_reviewer(&reviewer, || {});
     eventually(WITHIN, "the runtime to stop accepting", || async { !first.runtime.accepting() }).await;
+    tokio::time::timeout(WITHIN, first.runtime.stopped()).await.expect("stopped() resolves: a daemon exits on it");
 
     let refused = first.runtime.submit(SubmitRequest::new(AGENT, "anyone there?")).await;
     assert_eq!(refused, Err(SubmitError::Unavailable));
