@@ -227,8 +227,14 @@ pub type ModelStream = BoxStream<'static, Result<ModelChunk, ModelError>>;
 /// A language model.
 #[async_trait]
 pub trait ModelClient: Send + Sync + 'static {
-    /// The model's name, for metrics and logs.
+    /// The model's name in the registry, for logs.
     fn name(&self) -> &str;
+
+    /// What the model is (the provider's model id, the local model's), for the
+    /// `model` label of metrics; by default its name.
+    fn model_id(&self) -> &str {
+        self.name()
+    }
 
     /// Starts a call. The stream yields deltas and ends with `ModelChunk::Done`.
     async fn chat(&self, request: ChatRequest) -> Result<ModelStream, ModelError>;

@@ -123,6 +123,9 @@ pub fn turn_finished(elapsed: Duration) {
     histogram!(TURN_DURATION_SECONDS).record(elapsed.as_secs_f64());
 }
 
+/// The `tool` label of a call to a tool that is not registered.
+pub const UNKNOWN_TOOL: &str = "unknown";
+
 /// A tool call ended with `status` after `elapsed`.
 pub fn tool_call(tool: &str, status: &'static str, elapsed: Duration) {
     counter!(TOOL_CALLS_TOTAL, "tool" => tool.to_owned(), "status" => status).increment(1);
@@ -274,4 +277,33 @@ pub fn describe() {
     describe_gauge!(HTTP_REQUESTS_IN_FLIGHT, "HTTP requests being answered.");
     describe_gauge!(SSE_CLIENTS, "Open SSE event streams.");
     describe_counter!(SSE_REJECTED_TOTAL, "SSE streams refused by the stream limits, by scope.");
+    zero_known_series();
+}
+
+/// Writes every series whose labels are known in advance at zero, so that a
+/// healthy daemon's dashboard reads 0, not "No data", for what has not happened
+/// yet (restarts, meltdowns, refusals, retries of nothing).
+fn zero_known_series() {
+    counter!(RUNS_RECOVERED_TOTAL).increment(0);
+    counter!(TURNS_TOTAL).increment(0);
+    for reason in ["overloaded", "tenant_overloaded", "unknown_agent"] {
+        counter!(ADMISSION_REJECTED_TOTAL, "reason" => reason).increment(0);
+    }
+    for actor in ["session", "planner", "tool_worker", "tool_pool", "reviewer"] {
+        counter!(ACTOR_RESTARTS_TOTAL, "actor" => actor).increment(0);
+    }
+    for level in ["run", "root"] {
+        counter!(SUPERVISOR_MELTDOWNS_TOTAL, "level" => level).increment(0);
+    }
+    for scope in ["global", "tenant"] {
+        counter!(SSE_REJECTED_TOTAL, "scope" => scope).increment(0);
+    }
+    for recommendation in ["proceed", "gather_more", "clarify_query", "replan"] {
+        for status in ["ok", "degraded"] {
+            counter!(REVIEWS_TOTAL, "recommendation" => recommendation, "status" => status).increment(0);
+        }
+    }
+    for gauge in [RUNS_ACTIVE, RUNS_QUEUED, TOOL_QUEUE_DEPTH, HTTP_REQUESTS_IN_FLIGHT, SSE_CLIENTS] {
+        gauge!(gauge).increment(0.0);
+    }
 }

@@ -306,6 +306,11 @@ pub(super) async fn submit(
         (Some(wanted), Some(agent)) => Some(lowered(&agent.limits, &wanted)),
         _ => None,
     };
+    // A client's budget must be one a run can spend (within the runtime, a
+    // sub-run's budget may be what is left, down to nothing).
+    if let Some(limits) = &limits {
+        limits.check().map_err(|message| ApiError::new(StatusCode::BAD_REQUEST, "invalid_limits", message))?;
+    }
     let spec = RunSpec { agent, input: body.input, limits };
     let request = SubmitRequest { spec, tenant, parent_run_id: None, thread, metadata, idempotency };
     // The submission runs to its end even if the client goes away or the request

@@ -288,6 +288,10 @@ async fn the_cli_follows_a_run_and_metrics_pass_promtool() {
         "troupe_http_request_duration_seconds_bucket",
         "troupe_sse_clients",
         "troupe_tool_queue_depth",
+        // Series that have not fired yet read 0, not "No data".
+        "troupe_supervisor_meltdowns_total{level=\"root\"} 0",
+        "troupe_admission_rejected_total{reason=\"overloaded\"} 0",
+        "troupe_actor_restarts_total{actor=\"session\"} 0",
     ] {
         assert!(metrics.contains(expected), "/metrics lacks {expected}:\n{metrics}");
     }

@@ -110,7 +110,9 @@ async fn a_real_run_on_the_local_model_calls_a_tool_and_answers() {
         .await
         .unwrap();
     let tokens = |source: &str| -> f64 {
-        let prefix = format!("troupe_local_model_prompt_tokens_total{{model=\"local\",source=\"{source}\"}} ");
+        // The model label is what the model is: the file's name without .gguf.
+        let id = model.file_stem().unwrap().to_str().unwrap();
+        let prefix = format!("troupe_local_model_prompt_tokens_total{{model=\"{id}\",source=\"{source}\"}} ");
         metrics.lines().find_map(|line| line.strip_prefix(&prefix)).and_then(|value| value.parse().ok()).unwrap_or(0.0)
     };
     let (cached, computed) = (tokens("cache"), tokens("computed"));

@@ -311,9 +311,11 @@ async fn a_whole_run_with_the_fake_server_as_the_model() {
 
     assert_eq!(record.status, RunStatus::Succeeded);
     assert_eq!(record.final_output.as_deref(), Some("The echo said pong."));
-    let requests_ok = counter(metrics::MODEL_REQUESTS_TOTAL, &[("model", "fake-model"), ("status", "ok")]);
+    // Labelled by what the model is (its id at the provider), not its name here.
+    let requests_ok = counter(metrics::MODEL_REQUESTS_TOTAL, &[("model", "gpt-fake"), ("status", "ok")]);
     assert_eq!(requests_ok, 2, "one request per turn, counted");
-    let tokens = counter(metrics::MODEL_TOKENS_TOTAL, &[("model", "fake-model"), ("direction", "input")]);
+    assert_eq!(counter(metrics::MODEL_REQUESTS_TOTAL, &[("model", "fake-model"), ("status", "ok")]), 0);
+    let tokens = counter(metrics::MODEL_TOKENS_TOTAL, &[("model", "gpt-fake"), ("direction", "input")]);
     assert_eq!(tokens, 32);
     assert_eq!((record.usage.input_tokens, record.usage.output_tokens), (32, 16));
     assert!(events.iter().any(|e| matches!(&e.kind, EventKind::ToolCallEnd { tool, .. } if tool == "echo")));

@@ -74,9 +74,11 @@ impl Default for Limits {
 }
 
 impl Limits {
-    /// Why these limits cannot bound a run, if they cannot: a run needs a turn and
-    /// a tool slot, and a budget is a positive amount (a budget of 0 or below would
-    /// stop the run before its first call).
+    /// Why these limits cannot be asked for, if they cannot: a run needs a turn
+    /// and a tool slot, and a budget is a positive amount (a budget of 0 or below
+    /// would stop the run before its first call). Checked where a client or an
+    /// agent file sets limits; a sub-run's budget, what is left of its caller's,
+    /// may be spent already.
     pub fn check(&self) -> Result<(), String> {
         if self.max_turns == 0 || self.max_parallel_tools == 0 {
             return Err("max_turns and max_parallel_tools must be at least 1".to_owned());

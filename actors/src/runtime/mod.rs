@@ -299,7 +299,9 @@ impl Runtime {
             return Err(SubmitError::UnknownAgent(spec.agent));
         };
         let limits = spec.limits.clone().unwrap_or_else(|| agent.limits.clone());
-        limits.check().map_err(SubmitError::InvalidLimits)?;
+        if limits.max_turns == 0 || limits.max_parallel_tools == 0 {
+            return Err(SubmitError::InvalidLimits("max_turns and max_parallel_tools must be at least 1".to_owned()));
+        }
         if !self.accepting() {
             return Err(SubmitError::Unavailable);
         }

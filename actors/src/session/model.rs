@@ -225,7 +225,7 @@ impl Session {
             return Ok(());
         }
         live.model_task = None;
-        let model_name = live.model.name().to_owned();
+        let model_name = live.model.model_id().to_owned();
         let reply = match result {
             Ok(reply) => reply,
             Err(error) => {

@@ -9,7 +9,7 @@ use serde_json::json;
 use crate::config::RuntimeConfig;
 use crate::hooks::HookConfig;
 use crate::hooks::{BeforeCall, HookContext, ToolHook};
-use crate::metrics::ACTOR_RESTARTS_TOTAL;
+use crate::metrics::{ACTOR_RESTARTS_TOTAL, TOOL_CALLS_SKIPPED_TOTAL};
 use crate::protocol::{CallStatus, EventKind, Limits, RunEvent, RunStatus, SkipReason, ToolCall};
 use crate::testing::{ScriptedModel, SlowTool, calls, capture_metrics, counter, text};
 use crate::tests::{Setup, offered, tool_messages};
@@ -110,6 +110,9 @@ async fn invalid_arguments_become_results_the_model_sees() {
         ]),
         text("recovered"),
     ]);
+    capture_metrics();
+    let unknown = [("tool", "unknown"), ("reason", "invalid_args")];
+    let before = counter(TOOL_CALLS_SKIPPED_TOTAL, &unknown);
     let harness = Setup::new(model).start().await;
     let (record, events) = harness.run("bad args").await;
 
@@ -119,6 +122,9 @@ async fn invalid_arguments_become_results_the_model_sees() {
     assert!(skipped[0].2.contains("/text") && skipped[0].2.contains("schema"), "{}", skipped[0].2);
     assert!(skipped[1].2.contains("not valid JSON"), "{}", skipped[1].2);
     assert!(skipped[2].2.contains("unknown tool \"nosuch\""), "{}", skipped[2].2);
+    // A name the model made up is counted under `unknown`: the label stays bounded.
+    assert!(counter(TOOL_CALLS_SKIPPED_TOTAL, &unknown) > before);
+    assert_eq!(counter(TOOL_CALLS_SKIPPED_TOTAL, &[("tool", "nosuch"), ("reason", "invalid_args")]), 0);
     let seen = tool_messages(&harness.requests()[1]);
     assert_eq!(seen.len(), 4);
     assert!(seen[..3].iter().all(|m| m.starts_with("skipped (invalid_args)")), "{seen:?}");

@@ -155,12 +155,15 @@ pub fn book(shared: &PoolShared, work: &WorkItem, ending: Ending, summary: Strin
         _ => Vec::new(),
     };
     let duration_ms = if matches!(outcome, ToolOutcome::Skipped { .. }) { 0 } else { elapsed.as_millis() as u64 };
+    // The `tool` label takes registered names only: a name the model made up is
+    // `unknown`, so the series stay bounded.
+    let label = if shared.registry.get(&call.name).is_some() { call.name.as_str() } else { metrics::UNKNOWN_TOOL };
     match &outcome {
-        ToolOutcome::Skipped { reason, .. } => metrics::tool_skipped(&call.name, reason.as_str()),
-        _ => metrics::tool_call(&call.name, status.as_str(), elapsed),
+        ToolOutcome::Skipped { reason, .. } => metrics::tool_skipped(label, reason.as_str()),
+        _ => metrics::tool_call(label, status.as_str(), elapsed),
     }
     if newly_blocked {
-        metrics::tool_blocked(&call.name);
+        metrics::tool_blocked(label);
     }
     debug!(run_id = %work.run_id, tool = %call.name, status = status.as_str(), duration_ms, "tool call finished");
     let connector = shared.registry.connector(&call.name);

@@ -98,7 +98,7 @@ impl Engine {
             self.queued.fetch_add(1, Ordering::Relaxed);
             match live.try_send(work) {
                 Ok(()) => {
-                    metrics::local_model_queue_depth(&self.settings.name, self.queued.load(Ordering::Relaxed));
+                    metrics::local_model_queue_depth(&self.settings.id, self.queued.load(Ordering::Relaxed));
                     return Ok(());
                 }
                 Err(TrySendError::Full(_)) => {
@@ -223,7 +223,7 @@ fn run(model: &LlamaModel, settings: &LocalSettings, receiver: &Receiver<Work>, 
                 }
             };
             let depth = queued.fetch_sub(1, Ordering::Relaxed).saturating_sub(1);
-            metrics::local_model_queue_depth(&settings.name, depth);
+            metrics::local_model_queue_depth(&settings.id, depth);
             clock += 1;
             admit(model, settings, &mut context, &mut slots, work, clock, &openers);
         }
@@ -503,8 +503,8 @@ fn finish(settings: &LocalSettings, mut active: Active) {
         active.gate = TextGate::default();
     }
     let computed = active.prompt.len() - active.cached;
-    metrics::local_model_prompt(&settings.name, active.cached as u64, computed as u64);
-    metrics::local_model_generated(&settings.name, u64::from(active.count));
+    metrics::local_model_prompt(&settings.id, active.cached as u64, computed as u64);
+    metrics::local_model_generated(&settings.id, u64::from(active.count));
     tracing::debug!(
         model = %settings.name,
         prompt = active.prompt.len(),

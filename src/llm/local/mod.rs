@@ -111,6 +111,10 @@ impl ModelClient for LocalModel {
         &self.settings.name
     }
 
+    fn model_id(&self) -> &str {
+        &self.settings.id
+    }
+
     fn context_window(&self) -> Option<usize> {
         usize::try_from(self.settings.config.context).ok()
     }

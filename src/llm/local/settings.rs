@@ -50,8 +50,11 @@ impl Default for LocalModelConfig {
 /// What the engine runs with, resolved from the config.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LocalSettings {
-    /// The model's name in the registry, metrics and logs.
+    /// The model's name in the registry and logs.
     pub name: String,
+    /// What it is, for the `model` label of metrics: the known model's id, else
+    /// the file's name without `.gguf`.
+    pub id: String,
     /// The GGUF file.
     pub path: PathBuf,
     /// The known model the file should be, if it was named by id.
@@ -98,7 +101,11 @@ impl LocalModelConfig {
             0 => std::thread::available_parallelism().map_or(1, usize::from),
             threads => threads,
         };
-        Ok(LocalSettings { name: "local".to_owned(), path, known, threads, config: self.clone() })
+        let id = match known {
+            Some(model) => model.id.to_owned(),
+            None => path.file_stem().map_or_else(|| self.model.clone(), |stem| stem.to_string_lossy().into_owned()),
+        };
+        Ok(LocalSettings { name: "local".to_owned(), id, path, known, threads, config: self.clone() })
     }
 }
 

@@ -245,6 +245,10 @@ impl ModelClient for OpenAiModel {
         &self.settings.name
     }
 
+    fn model_id(&self) -> &str {
+        &self.settings.id
+    }
+
     fn context_window(&self) -> Option<usize> {
         self.settings.context_window
     }
@@ -265,7 +269,7 @@ impl ModelClient for OpenAiModel {
         let mut retried = 0;
         let on_retry = |error: &ModelError, number: u32, delay: Duration| {
             retried = number;
-            metrics::model_retry(&self.settings.name, retry_reason(error));
+            metrics::model_retry(&self.settings.id, retry_reason(error));
             warn!(
                 provider = %provider.name,
                 model = %self.settings.name,
@@ -467,7 +471,7 @@ impl Reading {
         let prices = (self.model.input_price_per_million, self.model.output_price_per_million);
         let reply = accumulator.finish(&self.offered, prices, "call");
         metrics::gen_ai_operation(
-            &self.model.name,
+            &self.model.id,
             self.started.elapsed(),
             reply.usage.input_tokens,
             reply.usage.output_tokens,
