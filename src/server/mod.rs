@@ -23,6 +23,7 @@
 
 mod api;
 mod auth;
+mod body;
 mod config;
 mod error;
 mod incidents;

@@ -15,7 +15,7 @@ use super::api::{
 };
 use super::error::{ApiError, ErrorBody};
 use super::state::{AppState, require_tenant};
-use super::{sse, telemetry, threads, web};
+use super::{body, sse, telemetry, threads, web};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -172,6 +172,7 @@ pub(super) fn router(state: AppState) -> Router {
         })
         .layer(middleware::from_fn_with_state(state.clone(), deadline))
         .layer(DefaultBodyLimit::max(state.inner.config.max_body_bytes))
+        .layer(middleware::from_fn_with_state(state.clone(), body::reject_oversized))
         .layer(middleware::from_fn_with_state(state.clone(), web::cors))
         .layer(middleware::from_fn(telemetry::measure))
         .with_state(state)

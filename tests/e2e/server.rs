@@ -748,3 +748,27 @@ async fn a_slow_client_dropped_and_a_stream_cut_by_shutdown_leave_a_line_each() 
     let cut = logs.matching(&["event stream closed: the server is shutting down", &id, "tenant=\"alpha\""]);
     assert_eq!(cut.len(), 1, "{cut:?}");
 }
+
+/// A client that sends its whole body before reading (Python's urllib and
+/// requests do) reads the 413 of an oversized body instead of a reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_sends_a_whole_oversized_body_first_reads_the_413() {
+    let config = ServerConfig { max_body_bytes: 1024, ..ServerConfig::default() };
+    let server = start(echo_then_answer(), RuntimeConfig::default(), config).await;
+    let address = server.url("").trim_start_matches("http://").to_owned();
+    let body = format!("{{\"input\": \"{}\"}}", "x".repeat(4 * 1024 * 1024));
+    let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
+    let head = format!(
+        "POST /v1/runs HTTP/1.1\r\nHost: {address}\r\nAuthorization: Bearer {ALPHA}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(body.as_bytes()).await.expect("the whole body is taken, not reset");
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await.expect("the answer is readable");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("payload_too_large") && answer.contains("server.max_body_bytes"), "{answer}");
+    let listed = server.send(reqwest::Method::GET, "/v1/runs", Some(ALPHA), None).await;
+    assert_eq!(listed.body["runs"], json!([]), "nothing was created");
+}
