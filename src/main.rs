@@ -51,8 +51,21 @@ struct Cli {
     /// TROUPE_DATA_DIR).
     #[arg(long, global = true)]
     data_dir: Option<PathBuf>,
+    /// Log lines as text (coloured on a terminal only) or as JSON objects, one a
+    /// line, for a log collector.
+    #[arg(long, global = true, env = "TROUPE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+/// How log lines are written.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    /// Human lines.
+    Text,
+    /// One JSON object a line: timestamp, level, target, fields.
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -370,10 +383,14 @@ struct RemoteArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_env("TROUPE_LOG").unwrap_or_else(|_| EnvFilter::new(default_log(&cli))))
-        .with_writer(std::io::stderr)
-        .init();
+    let filter = EnvFilter::try_from_env("TROUPE_LOG").unwrap_or_else(|_| EnvFilter::new(default_log(&cli)));
+    // Colour codes only where a person reads them: not in a file or a pipe.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
+    match cli.log_format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().flatten_event(true).init(),
+    }
     match run(cli) {
         Ok(code) => code,
         Err(error) => {

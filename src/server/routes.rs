@@ -170,9 +170,10 @@ pub(super) fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(|| async {
             ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "this route does not take that method")
         })
+        // Inside `deadline`, which logs refusals: an oversized body is one.
+        .layer(middleware::from_fn_with_state(state.clone(), body::reject_oversized))
         .layer(middleware::from_fn_with_state(state.clone(), deadline))
         .layer(DefaultBodyLimit::max(state.inner.config.max_body_bytes))
-        .layer(middleware::from_fn_with_state(state.clone(), body::reject_oversized))
         .layer(middleware::from_fn_with_state(state.clone(), web::cors))
         .layer(middleware::from_fn(telemetry::measure))
         .with_state(state)

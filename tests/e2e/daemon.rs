@@ -295,6 +295,7 @@ async fn the_cli_follows_a_run_and_metrics_pass_promtool() {
     ] {
         assert!(metrics.contains(expected), "/metrics lacks {expected}:\n{metrics}");
     }
+    assert!(!daemon.log().contains("\x1b["), "no colour codes in a log file:\n{}", daemon.log());
     let checked = promtool(&metrics);
     assert!(checked.status.success(), "promtool check metrics: {}", String::from_utf8_lossy(&checked.stderr));
     daemon.terminate();
@@ -514,4 +515,23 @@ async fn thread_messages_survive_kill_9_once_each_and_in_order() {
     }
     drop(daemon);
     let _ = std::fs::remove_dir_all(&sandbox.dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_are_one_object_a_line() {
+    let dir = scratch_dir("daemon-json-logs");
+    let mut command = offline(&dir, &["serve"]);
+    command.env("TROUPE_LOG_FORMAT", "json");
+    let daemon = Served::start(command);
+    let run = daemon.post_run("one two", "default").await;
+    assert!(!daemon.events(&run).await.is_empty());
+    let log = daemon.log();
+    let lines: Vec<&str> = log.lines().filter(|line| !line.trim().is_empty()).collect();
+    assert!(!lines.is_empty(), "the daemon logs at info");
+    for line in lines {
+        let entry: Value = serde_json::from_str(line).unwrap_or_else(|error| panic!("{error}: {line}"));
+        assert!(entry["timestamp"].is_string() && entry["level"].is_string() && entry["target"].is_string(), "{line}");
+    }
+    daemon.terminate();
+    let _ = std::fs::remove_dir_all(&dir);
 }
