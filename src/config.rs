@@ -81,13 +81,15 @@ pub struct StoreConfig {
     pub url: Option<String>,
     /// Days a finished run is kept before `troupe gc` deletes it.
     pub retention_days: f64,
-    /// Runs deleted per statement by `troupe gc`.
+    /// Runs deleted per statement by retention.
     pub gc_batch: usize,
+    /// Seconds between the daemon's retention sweeps; 0: only `troupe gc`.
+    pub gc_interval: f64,
 }
 
 impl Default for StoreConfig {
     fn default() -> Self {
-        Self { url: None, retention_days: 30.0, gc_batch: 500 }
+        Self { url: None, retention_days: 30.0, gc_batch: 500, gc_interval: 3600.0 }
     }
 }
 

@@ -46,6 +46,10 @@ pub const COST_MICRODOLLARS_TOTAL: &str = "troupe_cost_microdollars_total";
 pub const REVIEW_SCORE: &str = "troupe_review_score";
 /// Reviews, by recommendation and status.
 pub const REVIEWS_TOTAL: &str = "troupe_reviews_total";
+/// Finished runs deleted by retention.
+pub const RETENTION_DELETED_RUNS_TOTAL: &str = "troupe_retention_deleted_runs_total";
+/// The store's size in bytes, as of the last retention sweep.
+pub const STORE_SIZE_BYTES: &str = "troupe_store_size_bytes";
 /// Actor restarts by supervision, by actor kind.
 pub const ACTOR_RESTARTS_TOTAL: &str = "troupe_actor_restarts_total";
 /// Runs failed because their session crashed too often.
@@ -200,6 +204,16 @@ pub fn review(recommendation: &'static str, degraded: bool, quality: f64, comple
     histogram!(REVIEW_SCORE, "dimension" => "relevance").record(relevance);
 }
 
+/// Retention deleted `count` finished runs.
+pub fn retention_deleted(count: usize) {
+    counter!(RETENTION_DELETED_RUNS_TOTAL).increment(count as u64);
+}
+
+/// The store's size after a retention sweep.
+pub fn store_size(bytes: u64) {
+    gauge!(STORE_SIZE_BYTES).set(bytes as f64);
+}
+
 /// Supervision restarted an actor of kind `actor`.
 pub fn actor_restarted(actor: &'static str) {
     counter!(ACTOR_RESTARTS_TOTAL, "actor" => actor).increment(1);
@@ -277,6 +291,8 @@ pub fn describe() {
     describe_gauge!(HTTP_REQUESTS_IN_FLIGHT, "HTTP requests being answered.");
     describe_gauge!(SSE_CLIENTS, "Open SSE event streams.");
     describe_counter!(SSE_REJECTED_TOTAL, "SSE streams refused by the stream limits, by scope.");
+    describe_counter!(RETENTION_DELETED_RUNS_TOTAL, "Finished runs deleted by retention.");
+    describe_gauge!(STORE_SIZE_BYTES, Unit::Bytes, "The store's size, as of the last retention sweep.");
     zero_known_series();
 }
 
@@ -285,6 +301,7 @@ pub fn describe() {
 /// yet (restarts, meltdowns, refusals, retries of nothing).
 fn zero_known_series() {
     counter!(RUNS_RECOVERED_TOTAL).increment(0);
+    counter!(RETENTION_DELETED_RUNS_TOTAL).increment(0);
     counter!(TURNS_TOTAL).increment(0);
     for reason in ["overloaded", "tenant_overloaded", "unknown_agent"] {
         counter!(ADMISSION_REJECTED_TOTAL, "reason" => reason).increment(0);

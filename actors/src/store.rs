@@ -338,6 +338,13 @@ pub trait RunStore: Send + Sync + 'static {
     /// thread left with no run (and unchanged since `before`) goes too.
     async fn delete_finished(&self, before: DateTime<Utc>, limit: usize) -> Result<usize, StoreError>;
 
+    /// Gives the space of deleted rows back to the system where the backend can
+    /// (SQLite: an incremental vacuum), and returns the store's size in bytes,
+    /// if the backend knows it. Retention calls it after a sweep.
+    async fn compact(&self) -> Result<Option<u64>, StoreError> {
+        Ok(None)
+    }
+
     /// Deletes one run that has ended, with everything it owns (events, messages,
     /// tool calls, plans, reviews, documents): `Ok(true)`; `Ok(false)` if it has
     /// not ended (nothing is deleted); `NotFound` if there is no such run.

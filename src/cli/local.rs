@@ -66,24 +66,11 @@ pub async fn run(app: App, command: Local) -> anyhow::Result<ExitCode> {
 }
 
 /// `troupe gc`: deletes finished runs that ended longer ago than the retention
-/// period, in batches.
+/// period, in batches, then gives their space back.
 async fn gc(config: &Config, store: &impl RunStore, older_than_days: Option<f64>) -> anyhow::Result<()> {
     let days = older_than_days.unwrap_or(config.store.retention_days);
-    let age = chrono::Duration::try_seconds((days * 86_400.0) as i64)
-        .filter(|_| days.is_finite() && days >= 0.0)
-        .context("the retention period must be a non-negative number of days")?;
-    let before = chrono::Utc::now()
-        .checked_sub_signed(age)
-        .context("the retention period reaches past the earliest representable date")?;
-    let batch = config.store.gc_batch.max(1);
-    let mut deleted = 0;
-    loop {
-        let count = store.delete_finished(before, batch).await?;
-        deleted += count;
-        if count < batch {
-            break;
-        }
-    }
+    let deleted = crate::store::retention::sweep(store, days, config.store.gc_batch).await?;
+    store.compact().await?;
     println!("deleted {deleted} finished run(s) older than {days} day(s)");
     Ok(())
 }
@@ -114,6 +101,9 @@ async fn serve(config: Config, auth: Auth, deps: Deps) -> anyhow::Result<()> {
             signals.cancel();
         }
     });
+    // Retention, every store.gc_interval (ended runs only: nothing a run in
+    // flight needs); it stops with the daemon.
+    tokio::spawn(crate::store::retention::run_periodically(deps.store.clone(), config.store.clone(), shutdown.clone()));
     let daemon = Daemon { runtime: config.runtime, server: config.server, auth, deps, prometheus: Some(prometheus) };
     daemon
         .run(shutdown, |address| {

@@ -46,7 +46,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgPoolOptions;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::sqlite::{SqliteAutoVacuum, SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use troupe_actors::protocol::{Plan, RunEvent, RunId, ThreadId};
 use troupe_actors::store::{
     Commit, Idempotency, Metadata, RunQuery, RunRecord, RunSnapshot, RunStore, StoreError, ThreadQuery, ThreadRecord,
@@ -62,6 +62,7 @@ mod binding;
 mod encode;
 mod group;
 mod read;
+pub mod retention;
 mod sql;
 mod writer;
 
@@ -185,6 +186,9 @@ impl SqlStore {
                 // calls, of the WAL frame headers and checksums), for about the
                 // same bytes, since the rows of a group are appended together.
                 .page_size(PAGE_SIZE)
+                // A database this creates can give deleted rows' pages back
+                // (`compact`, after retention); an existing one keeps its mode.
+                .auto_vacuum(SqliteAutoVacuum::Incremental)
                 .foreign_keys(true);
             if let Some(parent) = options.get_filename().parent().filter(|p| !p.as_os_str().is_empty()) {
                 std::fs::create_dir_all(parent)
@@ -553,6 +557,25 @@ impl RunStore for SqlStore {
             .map_err(backend)?;
             Ok(deleted.rows_affected() as usize)
         })
+    }
+
+    async fn compact(&self) -> Result<Option<u64>, StoreError> {
+        let bytes: i64 = match &self.pool {
+            Pool::Sqlite(pool) => {
+                // Frees the pages of deleted rows (a database made with
+                // auto_vacuum = incremental; one made before keeps reusing them).
+                sqlx::query("PRAGMA incremental_vacuum").execute(pool).await.map_err(backend)?;
+                sqlx::query_scalar("SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()")
+                    .fetch_one(pool)
+                    .await
+                    .map_err(backend)?
+            }
+            Pool::Postgres(pool) => sqlx::query_scalar("SELECT pg_database_size(current_database())")
+                .fetch_one(pool)
+                .await
+                .map_err(backend)?,
+        };
+        Ok(u64::try_from(bytes).ok())
     }
 
     async fn delete_ended(&self, run_id: RunId) -> Result<bool, StoreError> {

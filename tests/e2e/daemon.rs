@@ -292,6 +292,7 @@ async fn the_cli_follows_a_run_and_metrics_pass_promtool() {
         "troupe_supervisor_meltdowns_total{level=\"root\"} 0",
         "troupe_admission_rejected_total{reason=\"overloaded\"} 0",
         "troupe_actor_restarts_total{actor=\"session\"} 0",
+        "troupe_retention_deleted_runs_total",
     ] {
         assert!(metrics.contains(expected), "/metrics lacks {expected}:\n{metrics}");
     }

@@ -685,3 +685,36 @@ async fn deleted_run_leaves_no_row(by_id: bool) {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A bounded soak: rounds of runs, each followed by retention (a sweep, then the
+/// store gives the space back): the SQLite store stays the size of one round
+/// instead of growing with every round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_keeps_a_sqlite_store_bounded_under_a_steady_load() {
+    let (store, dir) = sqlite().await;
+    let store = Arc::new(store);
+    let ledger = LedgerTool::default();
+    let model = Arc::new(ScriptedModel::per_turn(vec![
+        calls(&[("echo", json!({"text": "a line of some length, ".repeat(40)}))]),
+        text(&"an answer of some length; ".repeat(40)),
+    ]));
+    let runtime = runtime(store.clone(), model, &ledger).await;
+    let mut sizes = Vec::new();
+    for _round in 0..6 {
+        let mut ids = Vec::new();
+        for index in 0..60 {
+            ids.push(runtime.submit(SubmitRequest::new("default", format!("run {index}"))).await.unwrap());
+        }
+        for id in ids {
+            assert_eq!(runtime.wait(id).await.unwrap().status, RunStatus::Succeeded);
+        }
+        let deleted = troupe::store::retention::sweep(store.as_ref(), 0.0, 25).await.unwrap();
+        assert_eq!(deleted, 60, "every finished run of the round, in batches of 25");
+        sizes.push(store.compact().await.unwrap().expect("SQLite knows its size"));
+    }
+    runtime.shutdown(Duration::from_secs(5)).await;
+    let first = sizes[0];
+    assert!(sizes.iter().all(|size| *size <= first + first / 2), "the store grew round after round: {sizes:?}");
+    assert!(store.list_runs(RunQuery::default()).await.unwrap().is_empty());
+    let _ = std::fs::remove_dir_all(dir);
+}
