@@ -47,12 +47,12 @@ impl Modify for BearerAuth {
     }
 }
 
-/// The OpenAPI 3.1 document of the API.
-pub fn openapi() -> utoipa::openapi::OpenApi {
-    let document = ApiDoc::openapi();
-    let Ok(mut value) = serde_json::to_value(&document) else { return document };
-    complete(&mut value);
-    serde_json::from_value(value).unwrap_or(document)
+/// The OpenAPI 3.1 document of the API: what the handlers' annotations generate,
+/// completed (see [`complete`]).
+pub fn openapi() -> serde_json::Value {
+    let mut document = serde_json::to_value(ApiDoc::openapi()).unwrap_or_default();
+    complete(&mut document);
+    document
 }
 
 /// What the handlers' annotations leave out but the server does, written into
@@ -103,7 +103,26 @@ fn complete(document: &mut serde_json::Value) {
             }
         }
     }
+    // Every event kind, as the event streams send them (`data:` of each SSE event).
+    let mut generator = schemars::generate::SchemaSettings::draft2020_12()
+        .with(|settings| {
+            settings.definitions_path = "/components/schemas".into();
+            settings.meta_schema = None;
+        })
+        .for_serialize()
+        .into_generator();
+    let event = generator.subschema_for::<troupe_actors::protocol::RunEvent>().to_value();
+    let definitions = generator.take_definitions(true);
+    for path in ["/v1/runs/{id}/events", "/v1/threads/{id}/events"] {
+        let pointer = format!("/paths/{}/get/responses/200/content/text~1event-stream", path.replace('/', "~1"));
+        if let Some(content) = document.pointer_mut(&pointer) {
+            content["schema"] = event.clone();
+        }
+    }
     let Some(schemas) = document.pointer_mut("/components/schemas").and_then(Value::as_object_mut) else { return };
+    for (name, schema) in definitions {
+        schemas.entry(name).or_insert(schema);
+    }
     let mut set = |schema: &str, property: &str, key: &str, value: Value| {
         if let Some(property) =
             schemas.get_mut(schema).and_then(|schema| schema.pointer_mut(&format!("/properties/{property}")))

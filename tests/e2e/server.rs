@@ -614,6 +614,28 @@ async fn the_catalog_health_and_openapi_routes_answer() {
     assert_eq!(schemas["RunView"]["properties"]["status"]["enum"][0], "queued");
     assert_eq!(schemas["CreateRun"]["properties"]["input"]["minLength"], 1);
     assert_eq!(schemas["LimitsBody"]["properties"]["max_turns"]["minimum"], 1);
+    // Every event kind has a schema: the `data` of each SSE event.
+    let stream = &document["paths"]["/v1/runs/{id}/events"]["get"]["responses"]["200"]["content"]["text/event-stream"];
+    assert_eq!(stream["schema"]["$ref"], "#/components/schemas/RunEvent");
+    let kinds: Vec<&str> = schemas["RunEvent"]["oneOf"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|kind| kind["properties"]["kind"]["const"].as_str())
+        .collect();
+    for kind in [
+        "run_started",
+        "turn_start",
+        "assistant_delta",
+        "tool_call_end",
+        "review",
+        "final_output",
+        "run_end",
+        "approval_requested",
+    ] {
+        assert!(kinds.contains(&kind), "{kind} has no schema: {kinds:?}");
+    }
+    assert_eq!(kinds.len(), 24, "one schema per event kind: {kinds:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,7 +11,7 @@ use crate::protocol::{
 
 /// One event of a run. `seq` is gap-free and strictly increasing per run;
 /// SSE uses it as the event id.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct RunEvent {
     /// The run.
     pub run_id: RunId,
@@ -19,6 +19,7 @@ pub struct RunEvent {
     pub seq: u64,
     /// When the event was made.
     #[serde(serialize_with = "crate::rfc3339::serialize")]
+    #[schemars(with = "String")]
     pub ts: DateTime<Utc>,
     /// The run that started this one as a sub-run, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -29,7 +30,7 @@ pub struct RunEvent {
 }
 
 /// What happened, one variant per SSE `event:` name.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum EventKind {
     /// The run was accepted.
@@ -291,7 +292,7 @@ impl EventKind {
 }
 
 /// When a reflecting agent reasons.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ThoughtStage {
     /// About the request, before the run's first action.
@@ -302,7 +303,7 @@ pub enum ThoughtStage {
 
 /// A reflecting agent's structured reasoning, as the model wrote it (checked
 /// against this shape).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Thought {
     /// What the user asks for, in the agent's words.

@@ -39,7 +39,7 @@ pub struct TodoItem {
 }
 
 /// A run's task list. `version` grows by one on every accepted write.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Plan {
     /// 0 for the empty plan of a new run.
     pub version: u64,

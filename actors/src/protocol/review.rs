@@ -6,7 +6,7 @@ use serde_json::Value;
 use crate::protocol::TodoItem;
 
 /// Whether a review came from its intended reviewer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ReviewStatus {
     /// The configured reviewer produced it.
@@ -16,7 +16,7 @@ pub enum ReviewStatus {
 }
 
 /// What the reviewer advises after a turn.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Recommendation {
     /// Carry on (or accept the final answer).
@@ -42,7 +42,7 @@ impl Recommendation {
 }
 
 /// The reviewer's verdict on one turn. Scores are in 0..=1.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Review {
     /// Whether the configured reviewer produced it.
     pub status: ReviewStatus,
@@ -74,7 +74,7 @@ pub struct Review {
 /// something else to do, and why. Read from a plain string too (the reason
 /// alone), as reviews written before actions were typed, and model reviewers
 /// that write strings, give them.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(from = "ActionForm")]
 pub struct SuggestedAction {
     /// The tool it concerns, if one.
@@ -100,7 +100,7 @@ impl SuggestedAction {
 }
 
 /// The forms a suggested action is read from.
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(untagged)]
 enum ActionForm {
     Typed {

@@ -28,6 +28,20 @@ macro_rules! uuid_id {
             }
         }
 
+        impl schemars::JsonSchema for $name {
+            fn inline_schema() -> bool {
+                true
+            }
+
+            fn schema_name() -> std::borrow::Cow<'static, str> {
+                stringify!($name).into()
+            }
+
+            fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+                schemars::json_schema!({"type": "string", "format": "uuid"})
+            }
+        }
+
         impl fmt::Display for $name {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 self.0.fmt(f)
@@ -54,7 +68,7 @@ uuid_id!(
 );
 
 /// Per-run bounds. Every loop of a run ends on one of these.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct Limits {
     /// Turns before the run is forced into one last tool-free synthesis call.
@@ -98,7 +112,7 @@ impl Limits {
 }
 
 /// What a client asks for: one request to one agent.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct RunSpec {
     /// The configured agent that answers.
     pub agent: String,
@@ -110,7 +124,7 @@ pub struct RunSpec {
 }
 
 /// Where a run is in its life. Terminal states never change again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RunStatus {
     /// Accepted, its session not started yet.
@@ -147,7 +161,7 @@ impl RunStatus {
 }
 
 /// Tokens and money spent.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Usage {
     /// Prompt tokens.
     pub input_tokens: u64,

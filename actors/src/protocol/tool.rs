@@ -13,7 +13,7 @@ use crate::protocol::RunId;
 /// `args` should be a JSON object. A model client that could not parse the
 /// model's argument text passes it on as a JSON string; the validation hook
 /// turns that into an `invalid_args` result the model sees.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ToolCall {
     /// The model's id for the call; tool results refer to it.
     pub call_id: String,
@@ -24,7 +24,7 @@ pub struct ToolCall {
 }
 
 /// A document a tool result cites; runs keep them deduplicated by `id`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Fragment {
     /// Stable id of the document.
     pub id: String,
@@ -39,7 +39,7 @@ pub struct Fragment {
 }
 
 /// Why a call did not run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum SkipReason {
     /// An identical call already succeeded in this run.
@@ -65,7 +65,7 @@ impl SkipReason {
 }
 
 /// What became of a tool call. Every call ends in exactly one of these.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "status", rename_all = "snake_case")]
 pub enum ToolOutcome {
     /// The tool returned a value.
@@ -130,7 +130,7 @@ impl ToolOutcome {
 }
 
 /// The life of one tool call: planned → started → completed | failed | skipped | interrupted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum CallStatus {
     /// Requested by the model, not yet handed to a worker.
@@ -162,7 +162,7 @@ impl CallStatus {
 }
 
 /// Telemetry of one tool call, skipped ones included. Written for every call.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ToolExecutionRecord {
     /// The run.
     pub run: RunId,
@@ -180,6 +180,7 @@ pub struct ToolExecutionRecord {
     pub original_args: Option<Value>,
     /// When the call was started (or skipped).
     #[serde(serialize_with = "crate::rfc3339::serialize")]
+    #[schemars(with = "String")]
     pub started_at: DateTime<Utc>,
     /// Wall time of the call, 0 for skipped calls.
     pub duration_ms: u64,
@@ -254,7 +255,7 @@ impl ToolExecutionRecord {
 }
 
 /// A citation of the final answer: marker `[n]` resolved to a document.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Citation {
     /// The `n` of the `[n]` marker.
     pub marker: usize,
