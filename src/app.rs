@@ -68,23 +68,8 @@ impl App {
         purpose: Purpose,
         agents_dir: Option<&Path>,
     ) -> anyhow::Result<Self> {
-        let agents = load_agents(agents_dir)?;
-        let guide = match &config.tools.guide_path {
-            Some(path) => std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read the tool guide {}", path.display()))?,
-            None => crate::tools::guide::DEFAULT_GUIDE.to_owned(),
-        };
+        let Parts { agents, guide, models, mut tools } = parts(&config, env, purpose, agents_dir)?;
         config.runtime.tool_docs = Arc::new(crate::tools::guide::parse(&guide));
-        let models = build_model_registry(&config, env, purpose)?;
-        let mut tools = crate::tools::builtin_registry(&config.tools)?;
-        let analysis_model = match &config.email.model {
-            Some(name) => {
-                models.get(Some(name)).with_context(|| format!("email.model names an unknown model {name:?}"))?
-            }
-            None => models.fallback(),
-        };
-        let mailboxes = Arc::new(config.email.mailboxes(&config.data_dir));
-        crate::email::register(&mut tools, mailboxes, analysis_model)?;
         // Checked before the store is opened, so a daemon without tokens fails at once.
         let auth = match purpose {
             Purpose::Serve { insecure_no_auth: true } => Some(Auth::open()),
@@ -103,6 +88,36 @@ impl App {
         mcp.register(&mut tools, &agents)?;
         Ok(Self { config, agents, models, tools, auth, store, mcp })
     }
+}
+
+/// What `build` and `check` both make of a configuration.
+struct Parts {
+    agents: Vec<AgentConfig>,
+    /// The tool guide's text.
+    guide: String,
+    models: ModelRegistry,
+    /// The built-in and email tools (MCP servers' come once they start).
+    tools: ToolRegistry,
+}
+
+/// The agents (with the files of `agents_dir`), the tool guide, the models and
+/// the built-in and email tools of `config`.
+fn parts(config: &Config, env: &Environment, purpose: Purpose, agents_dir: Option<&Path>) -> anyhow::Result<Parts> {
+    let agents = load_agents(agents_dir)?;
+    let guide = match &config.tools.guide_path {
+        Some(path) => {
+            std::fs::read_to_string(path).with_context(|| format!("cannot read the tool guide {}", path.display()))?
+        }
+        None => crate::tools::guide::DEFAULT_GUIDE.to_owned(),
+    };
+    let models = build_model_registry(config, env, purpose)?;
+    let mut tools = crate::tools::builtin_registry(&config.tools)?;
+    let analysis_model = match &config.email.model {
+        Some(name) => models.get(Some(name)).with_context(|| format!("email.model names an unknown model {name:?}"))?,
+        None => models.fallback(),
+    };
+    crate::email::register(&mut tools, Arc::new(config.email.mailboxes(&config.data_dir)), analysis_model)?;
+    Ok(Parts { agents, guide, models, tools })
 }
 
 /// What `troupe config check` found in a configuration that loads.
@@ -129,16 +144,7 @@ impl App {
     /// starting MCP servers: agents, the tool guide, models, tools, the email
     /// tools' model, `[server]`, `[auth]`, `[mcp]`, the store's URL.
     pub fn check(config: &Config, env: &Environment, agents_dir: Option<&Path>) -> anyhow::Result<Checked> {
-        let agents = load_agents(agents_dir)?;
-        if let Some(path) = &config.tools.guide_path {
-            std::fs::read_to_string(path).with_context(|| format!("cannot read the tool guide {}", path.display()))?;
-        }
-        let models = build_model_registry(config, env, Purpose::Check)?;
-        let mut tools = crate::tools::builtin_registry(&config.tools)?;
-        if let Some(name) = &config.email.model {
-            models.get(Some(name)).with_context(|| format!("email.model names an unknown model {name:?}"))?;
-        }
-        crate::email::register(&mut tools, Arc::new(config.email.mailboxes(&config.data_dir)), models.fallback())?;
+        let Parts { agents, models, tools, .. } = parts(config, env, Purpose::Check, agents_dir)?;
         config.server.connection_timeouts()?;
         crate::server::check_config(&config.server)?;
         let mcp_servers = config.mcp.servers(|name| env.var(name))?.len();

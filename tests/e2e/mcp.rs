@@ -258,7 +258,7 @@ fn wait_listening(child: &mut Child) {
     std::thread::spawn(move || for _ in lines {});
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 

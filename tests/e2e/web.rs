@@ -27,6 +27,7 @@ use troupe_actors::config::RuntimeConfig;
 use troupe_actors::llm::{ModelDelta, ModelReply};
 use troupe_actors::testing::{GatedTool, ScriptedModel, Step, StreamHold, calls, eventually, text};
 
+use crate::mcp::free_port;
 use crate::server::{ALPHA, BETA, TestServer, start_gated, start_with};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -177,7 +178,7 @@ impl Browser {
         let mut attempt = 0;
         let (driver, port) = loop {
             attempt += 1;
-            let port = free_port().await;
+            let port = free_port();
             let mut driver = Command::new(chromedriver)
                 .arg(format!("--port={port}"))
                 .stdout(Stdio::null())
@@ -286,10 +287,6 @@ impl Drop for Browser {
         let _ = self.driver.kill();
         let _ = self.driver.wait();
     }
-}
-
-async fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap().port()
 }
 
 fn decode_base64(text: &str) -> Vec<u8> {
