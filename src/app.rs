@@ -147,6 +147,7 @@ impl App {
         let Parts { agents, models, tools, .. } = parts(config, env, Purpose::Check, agents_dir)?;
         config.server.connection_timeouts()?;
         crate::server::check_config(&config.server)?;
+        config.quotas.check().map_err(anyhow::Error::msg)?;
         let mcp_servers = config.mcp.servers(|name| env.var(name))?.len();
         let store_url = config.store_url();
         if !["sqlite:", "postgres:", "postgresql:"].iter().any(|scheme| store_url.starts_with(scheme)) {

@@ -13,7 +13,7 @@ use crate::email::EmailConfig;
 use crate::llm::local::LocalModelConfig;
 use crate::llm::{ModelConfig, ProviderConfig};
 use crate::mcp::McpConfig;
-use crate::server::{AuthConfig, ServerConfig};
+use crate::server::{AuthConfig, QuotaConfig, ServerConfig};
 use crate::tools::ToolsConfig;
 
 /// The embedded defaults; every key is documented there.
@@ -51,6 +51,8 @@ pub struct Config {
     pub mcp: McpConfig,
     /// The mailbox of the email tools.
     pub email: EmailConfig,
+    /// What a tenant may spend per day.
+    pub quotas: QuotaConfig,
 }
 
 impl Default for Config {
@@ -68,6 +70,7 @@ impl Default for Config {
             tools: ToolsConfig::default(),
             mcp: McpConfig::default(),
             email: EmailConfig::default(),
+            quotas: QuotaConfig::default(),
         }
     }
 }

@@ -14,7 +14,7 @@ use tracing::{error, info, warn};
 use troupe_actors::config::RuntimeConfig;
 use troupe_actors::{Deps, Runtime};
 
-use crate::server::{self, AppState, Auth, ConnectionTimeouts, ServerConfig};
+use crate::server::{self, AppState, Auth, ConnectionTimeouts, QuotaConfig, ServerConfig};
 
 /// What `serve` runs.
 pub struct Daemon {
@@ -22,6 +22,8 @@ pub struct Daemon {
     pub runtime: RuntimeConfig,
     /// The server's settings.
     pub server: ServerConfig,
+    /// Tenants' daily quotas.
+    pub quotas: QuotaConfig,
     /// Who may call.
     pub auth: Auth,
     /// Store, models, tools, agents.
@@ -44,7 +46,8 @@ impl Daemon {
         // Bound first: a port in use fails here, before any run is resumed.
         let (listener, local) = server::bind(&self.server.bind).await?;
         let runtime = Arc::new(Runtime::start(self.runtime, self.deps).await?);
-        let state = AppState::new(runtime.clone(), self.auth, self.server, self.prometheus, shutdown.clone())?;
+        let state =
+            AppState::new(runtime.clone(), self.auth, self.server, self.quotas, self.prometheus, shutdown.clone())?;
         ready(local);
         // A runtime that stops by itself (its shared actors crashed too often) takes
         // no more runs: the daemon stops serving and exits non-zero, for its service

@@ -11,6 +11,9 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::Layer as _;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 use troupe::app::{App, Purpose};
 use troupe::cli::demo::DemoArgs;
 use troupe::cli::eval::{self, EvalArgs};
@@ -386,18 +389,39 @@ fn main() -> ExitCode {
     let filter = EnvFilter::try_from_env("TROUPE_LOG").unwrap_or_else(|_| EnvFilter::new(default_log(&cli)));
     // Colour codes only where a person reads them: not in a file or a pipe.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
-    match cli.log_format {
-        LogFormat::Text => logs.init(),
-        LogFormat::Json => logs.json().flatten_event(true).init(),
-    }
-    match run(cli) {
+    let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(ansi);
+    let logs = match cli.log_format {
+        LogFormat::Text => logs.boxed(),
+        LogFormat::Json => logs.json().flatten_event(true).boxed(),
+    };
+    // The daemon exports traces where the OTEL_* variables ask for it.
+    let traced = match &cli.command {
+        Command::Serve { .. } => {
+            let env = troupe::env::Environment::from_process();
+            troupe::otel::Otel::from_env(&|name| env.var(name))
+        }
+        _ => Ok(None),
+    };
+    let (otel, traces) = match traced {
+        Ok(Some((otel, layer))) => (Some(otel), Some(layer)),
+        Ok(None) => (None, None),
+        Err(error) => {
+            eprintln!("troupe: {error:#}");
+            return ExitCode::from(2);
+        }
+    };
+    tracing_subscriber::registry().with(filter).with(logs).with(traces).init();
+    let code = match run(cli) {
         Ok(code) => code,
         Err(error) => {
             eprintln!("troupe: {error:#}");
             ExitCode::from(2)
         }
+    };
+    if let Some(otel) = otel {
+        otel.shutdown();
     }
+    code
 }
 
 /// The daemon logs what it does; one-shot commands only what goes wrong.

@@ -122,6 +122,16 @@ pub enum ReviewerKind {
     },
 }
 
+impl ReviewerKind {
+    /// `rule_based` or `model`, as configured.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::RuleBased => "rule_based",
+            Self::Model { .. } => "model",
+        }
+    }
+}
+
 /// An agent: instructions, a model, tools and limits.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -270,6 +270,9 @@ mod tests {
         async fn unfinished_runs(&self) -> Result<Vec<RunId>, StoreError> {
             self.inner.unfinished_runs().await
         }
+        async fn tenant_usage(&self, tenant: &str, since: DateTime<Utc>) -> Result<crate::protocol::Usage, StoreError> {
+            self.inner.tenant_usage(tenant, since).await
+        }
         async fn delete_finished(&self, before: DateTime<Utc>, limit: usize) -> Result<usize, StoreError> {
             self.inner.delete_finished(before, limit).await
         }

@@ -60,6 +60,7 @@ pub mod run_input;
 pub mod runtime;
 pub mod session;
 pub mod shared;
+pub mod spans;
 pub mod steps;
 pub mod store;
 pub mod supervisor;

@@ -13,11 +13,15 @@ use futures::StreamExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use serde::Deserialize;
 use serde_json::json;
+use tracing::Instrument;
 use tracing::warn;
 
 use crate::config::ReviewerKind;
 use crate::llm::{ChatRequest, Message, ModelChunk, ModelClient, ModelRegistry, Role, ToolChoice};
-use crate::protocol::{Plan, Recommendation, Review, ReviewStatus, SkipReason, SuggestedAction, TaskStatus, TodoItem};
+use crate::metrics;
+use crate::protocol::{
+    Plan, Recommendation, Review, ReviewStatus, SkipReason, SuggestedAction, TaskStatus, TodoItem, Usage,
+};
 
 /// How one call of the turn ended, as the reviewer sees it.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -96,6 +100,9 @@ pub enum ReviewerMsg {
         input: Arc<ReviewInput>,
         /// Where the verdict goes.
         reply: ReviewReply,
+        /// The review's span (a child of its turn's); a model-backed review's call
+        /// is its child.
+        span: tracing::Span,
     },
 }
 
@@ -126,25 +133,39 @@ impl Actor for Reviewer {
             ReviewerMsg::Review { kind: ReviewerKind::RuleBased, input, reply, .. } => reply.send(rule_based(&input)),
             // A turn cut short is judged by the rules whatever the agent's reviewer.
             ReviewerMsg::Review { input, reply, .. } if input.ended.is_some() => reply.send(rule_based(&input)),
-            ReviewerMsg::Review { kind: ReviewerKind::Model { model }, agent_model, input, reply } => {
+            ReviewerMsg::Review { kind: ReviewerKind::Model { model }, agent_model, input, reply, span } => {
                 let name = model.or(agent_model);
                 let Some(client) = self.models.get(name.as_deref()) else {
                     reply.send(degraded(&input, "the reviewer's model is not configured"));
                     return Ok(());
                 };
                 let timeout = self.timeout;
+                let span = crate::spans::chat(&span, client.model_id());
                 // The model call is slow: it runs off the mailbox and answers the reply itself.
-                tokio::spawn(async move {
-                    let review = match tokio::time::timeout(timeout, model_review(client.as_ref(), &input)).await {
-                        Ok(Ok(review)) => review,
-                        Ok(Err(why)) => {
-                            warn!(turn = input.turn, %why, "model review failed; using the rules");
-                            degraded(&input, &why)
-                        }
-                        Err(_) => degraded(&input, "the model review timed out"),
-                    };
-                    reply.send(review);
-                });
+                tokio::spawn(
+                    async move {
+                        let mut spent = Usage::default();
+                        let review = match tokio::time::timeout(
+                            timeout,
+                            model_review(client.as_ref(), &input, &mut spent),
+                        )
+                        .await
+                        {
+                            Ok(Ok(review)) => review,
+                            Ok(Err(why)) => {
+                                warn!(turn = input.turn, %why, "model review failed; using the rules");
+                                degraded(&input, &why)
+                            }
+                            Err(_) => degraded(&input, "the model review timed out"),
+                        };
+                        // A reply that was not a usable review was paid for all the same.
+                        let model_id = client.model_id();
+                        metrics::model_usage(model_id, spent.input_tokens, spent.output_tokens, spent.cost_usd);
+                        crate::spans::record_usage(&tracing::Span::current(), &spent);
+                        reply.send(Review { usage: spent, ..review });
+                    }
+                    .instrument(span),
+                );
             }
         }
         Ok(())
@@ -253,6 +274,7 @@ pub fn rule_based(input: &ReviewInput) -> Review {
         question: None,
         updated_plan: None,
         notes,
+        usage: Usage::default(),
     }
 }
 
@@ -327,7 +349,9 @@ struct ModelVerdict {
     notes: String,
 }
 
-async fn model_review(model: &dyn ModelClient, input: &ReviewInput) -> Result<Review, String> {
+/// The model's review of `input`; what its call spent goes to `spent` (also when
+/// the reply is not a usable review).
+async fn model_review(model: &dyn ModelClient, input: &ReviewInput, spent: &mut Usage) -> Result<Review, String> {
     let system = "You review one turn of an AI agent's run. Reply with one JSON object and nothing else: \
         {\"quality_score\": 0..1, \"completeness\": 0..1, \"relevance\": 0..1, \"needs_more_data\": bool, \
         \"gaps\": [string], \"suggested_actions\": [{\"tool\": string or null, \"arguments\": object or null, \
@@ -351,7 +375,9 @@ async fn model_review(model: &dyn ModelClient, input: &ReviewInput) -> Result<Re
             reply = Some(done);
         }
     }
-    let content = reply.ok_or("the model stream ended without a reply")?.content;
+    let reply = reply.ok_or("the model stream ended without a reply")?;
+    *spent = reply.usage;
+    let content = reply.content;
     let start = content.find('{').ok_or("the reply has no JSON object")?;
     let end = content.rfind('}').filter(|end| *end > start).ok_or("the reply has no JSON object")?;
     let verdict: ModelVerdict = serde_json::from_str(&content[start..=end])
@@ -377,6 +403,7 @@ async fn model_review(model: &dyn ModelClient, input: &ReviewInput) -> Result<Re
         question: verdict.question.filter(|question| !question.trim().is_empty()),
         updated_plan: verdict.updated_plan,
         notes: verdict.notes,
+        usage: Usage::default(),
     })
 }
 
@@ -478,7 +505,9 @@ mod tests {
         let input = Arc::new(input(vec![call("completed")], None, vec![]));
         let reply = ReviewReply::new(input.clone(), move |review| drop(sender.send(review)));
         let kind = ReviewerKind::Model { model: None };
-        reviewer.cast(ReviewerMsg::Review { kind, agent_model: None, input, reply }).unwrap();
+        reviewer
+            .cast(ReviewerMsg::Review { kind, agent_model: None, input, reply, span: tracing::Span::none() })
+            .unwrap();
         receiver.await.unwrap()
     }
 
@@ -510,8 +539,9 @@ mod tests {
         ] {
             let review = model_verdict(reply).await;
             assert_eq!(review.status, ReviewStatus::Degraded, "{reply}");
+            assert_eq!(review.usage, crate::testing::usage(), "the failed review's call is paid for");
             assert_eq!(
-                review,
+                Review { usage: Usage::default(), ..review.clone() },
                 degraded(
                     &input(vec![call("completed")], None, vec![]),
                     &review.notes[..review.notes.find(';').unwrap()]

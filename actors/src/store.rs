@@ -69,6 +69,10 @@ pub struct RunRecord {
     /// The idempotency key it was created under, if any.
     #[serde(skip)]
     pub idempotency: Option<Idempotency>,
+    /// The W3C trace context it belongs to: its spans are children of this one
+    /// (the request that created it, or its caller's tool call), if traced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 impl RunRecord {
@@ -98,6 +102,7 @@ impl RunRecord {
             thread_id: None,
             metadata: Metadata::new(),
             idempotency: None,
+            traceparent: None,
         }
     }
 }
@@ -332,6 +337,11 @@ pub trait RunStore: Send + Sync + 'static {
     /// Ids of runs that have not ended, oldest first: what a restart resumes.
     async fn unfinished_runs(&self) -> Result<Vec<RunId>, StoreError>;
 
+    /// What the runs of `tenant` created at or after `since` spent so far, in all
+    /// (a sub-run's spend counts in its caller's, which pays for it): what a
+    /// daily quota is checked against.
+    async fn tenant_usage(&self, tenant: &str, since: DateTime<Utc>) -> Result<Usage, StoreError>;
+
     /// Deletes up to `limit` runs that ended before `before`, with everything they
     /// own; returns how many. Retention calls it in batches. A thread ages as a
     /// whole: its runs are deleted once all of them ended before `before`, and a
@@ -530,6 +540,17 @@ impl RunStore for MemoryStore {
         records.sort_by_key(|run| std::cmp::Reverse(run.run_id));
         records.truncate(query.limit);
         Ok(records)
+    }
+
+    async fn tenant_usage(&self, tenant: &str, since: DateTime<Utc>) -> Result<Usage, StoreError> {
+        let mut total = Usage::default();
+        for entry in self.runs.iter() {
+            let run = &entry.snapshot.run;
+            if run.tenant == tenant && run.parent_run_id.is_none() && run.created_at >= since {
+                total.add(&run.usage);
+            }
+        }
+        Ok(total)
     }
 
     async fn unfinished_runs(&self) -> Result<Vec<RunId>, StoreError> {

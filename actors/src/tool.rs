@@ -12,7 +12,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::llm::ToolDefinition;
-use crate::protocol::{Fragment, RunId, ToolOutcome};
+use crate::protocol::{Fragment, RunId, ToolOutcome, Usage};
 
 /// The JSON Schema of a tool's arguments, derived from their type (serde and
 /// schemars read the same attributes, so the schema cannot drift from the
@@ -98,14 +98,15 @@ pub struct ToolOutput {
     pub value: Value,
     /// Citable documents in the result.
     pub fragments: Vec<Fragment>,
-    /// Cost of the call in USD (a paid API, say).
-    pub cost_usd: f64,
+    /// What the call spent: a paid API's price, the tokens and price of a model it
+    /// asked. Charged to the run (and to its budget) with the result.
+    pub usage: Usage,
 }
 
 impl ToolOutput {
     /// A result with a value only.
     pub fn value(value: Value) -> Self {
-        Self { value, fragments: Vec::new(), cost_usd: 0.0 }
+        Self { value, fragments: Vec::new(), usage: Usage::default() }
     }
 }
 

@@ -104,7 +104,14 @@ async fn serve(config: Config, auth: Auth, deps: Deps) -> anyhow::Result<()> {
     // Retention, every store.gc_interval (ended runs only: nothing a run in
     // flight needs); it stops with the daemon.
     tokio::spawn(crate::store::retention::run_periodically(deps.store.clone(), config.store.clone(), shutdown.clone()));
-    let daemon = Daemon { runtime: config.runtime, server: config.server, auth, deps, prometheus: Some(prometheus) };
+    let daemon = Daemon {
+        runtime: config.runtime,
+        server: config.server,
+        quotas: config.quotas,
+        auth,
+        deps,
+        prometheus: Some(prometheus),
+    };
     daemon
         .run(shutdown, |address| {
             // The first line of stdout, for people and for scripts that bind port 0.

@@ -15,6 +15,8 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use serde_json::{Value, json};
 use troupe_actors::llm::{ChatRequest, Message, ModelChunk, ModelClient, Role, ToolChoice};
+use troupe_actors::metrics;
+use troupe_actors::protocol::Usage;
 use troupe_actors::tool::{Tool, ToolContext, ToolError, ToolOutput};
 
 use crate::email::mailbox::Mailboxes;
@@ -93,10 +95,11 @@ impl Tool for AnalyzeEmailContent {
         };
         // The mail system's own filter already judged an email filed as spam; a
         // small model that reads "your parcel" and says delivery does not overrule it.
+        let mut usage = Usage::default();
         let mut analysis = if folder == "spam" {
             filed_as_spam(email.as_ref())
         } else {
-            match self.ask_model(&text).await {
+            match self.ask_model(&text, &mut usage).await {
                 Ok(analysis) => analysis,
                 Err(why) => {
                     let mut estimate = rules(&text, &folder);
@@ -109,13 +112,14 @@ impl Tool for AnalyzeEmailContent {
         if let Some(email) = &email {
             analysis["email_id"] = json!(email.id);
         }
-        Ok(ToolOutput { value: analysis, fragments: email.iter().map(fragment).collect(), cost_usd: 0.0 })
+        // The model's call is charged to the run, usable reply or not.
+        Ok(ToolOutput { value: analysis, fragments: email.iter().map(fragment).collect(), usage })
     }
 }
 
 impl AnalyzeEmailContent {
-    /// The model's analysis, or why there is none.
-    async fn ask_model(&self, text: &str) -> Result<Value, String> {
+    /// The model's analysis, or why there is none; what the call spent goes to `spent`.
+    async fn ask_model(&self, text: &str, spent: &mut Usage) -> Result<Value, String> {
         let shown: String = text.chars().take(MAX_PROMPT_CHARS).collect();
         let request = ChatRequest {
             messages: vec![Message::text(Role::System, SYSTEM_PROMPT), Message::text(Role::User, shown)],
@@ -128,6 +132,13 @@ impl AnalyzeEmailContent {
         while let Some(chunk) = stream.next().await {
             match chunk {
                 Ok(ModelChunk::Done(reply)) => {
+                    *spent = reply.usage;
+                    metrics::model_usage(
+                        self.model.model_id(),
+                        reply.usage.input_tokens,
+                        reply.usage.output_tokens,
+                        reply.usage.cost_usd,
+                    );
                     return parse_analysis(&reply.content)
                         .ok_or_else(|| "the model's reply was not a usable analysis".to_owned());
                 }

@@ -301,7 +301,7 @@ impl Tool for SearchEmails {
             "count": emails.len(),
             "emails": emails.iter().map(|email| email_json(email, full_body)).collect::<Vec<_>>(),
         });
-        Ok(ToolOutput { value, fragments: emails.iter().map(fragment).collect(), cost_usd: 0.0 })
+        Ok(ToolOutput { value, fragments: emails.iter().map(fragment).collect(), ..Default::default() })
     }
 }
 
@@ -351,7 +351,7 @@ impl Tool for GetEmailThread {
             "count": thread.len(),
             "messages": thread.iter().map(|email| email_json(email, true)).collect::<Vec<_>>(),
         });
-        Ok(ToolOutput { value, fragments: thread.iter().map(fragment).collect(), cost_usd: 0.0 })
+        Ok(ToolOutput { value, fragments: thread.iter().map(fragment).collect(), ..Default::default() })
     }
 }
 
@@ -408,7 +408,7 @@ impl Tool for FileEmail {
         let id = crate::email::mime::strip_brackets(email_id.trim());
         let email = self.mailboxes.of(&context.tenant).file(id, &folder).await.map_err(tool_error)?;
         let value = json!({"summary": format!("Filed \"{}\" in {folder}.", email.subject), "email_id": email.id, "folder": folder});
-        Ok(ToolOutput { value, fragments: vec![fragment(&email)], cost_usd: 0.0 })
+        Ok(ToolOutput { value, fragments: vec![fragment(&email)], ..Default::default() })
     }
 }
 
@@ -452,7 +452,7 @@ impl Tool for ExtractEntities {
                 let email = email_by_id(&self.mailboxes, &context.tenant, id).await?;
                 let found = entities::extract(&format!("{}\n{}", email.subject, email.body));
                 let value = json!({"email_id": email.id, "subject": email.subject, "entities": found});
-                Ok(ToolOutput { value, fragments: vec![fragment(&email)], cost_usd: 0.0 })
+                Ok(ToolOutput { value, fragments: vec![fragment(&email)], ..Default::default() })
             }
             (None, Some(text)) => Ok(ToolOutput::value(json!({"entities": entities::extract(text)}))),
             _ => Err(ToolError::InvalidArgs("give exactly one of email_id and text".to_owned())),

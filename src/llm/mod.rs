@@ -6,6 +6,7 @@
 pub mod local;
 pub mod offline;
 pub mod openai;
+pub mod prices;
 pub mod recover;
 
 use std::collections::BTreeMap;
@@ -13,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use tracing::info;
 use troupe_actors::llm::{ModelClient, ModelRegistry};
 
 use crate::llm::offline::OfflineModel;
@@ -67,12 +69,13 @@ pub struct ModelConfig {
     /// Stream replies.
     #[serde(default = "defaults::stream")]
     pub stream: bool,
-    /// USD per million input tokens.
+    /// USD per million input tokens; left out, the list price of a well-known
+    /// id ([`prices`]), else 0.
     #[serde(default)]
-    pub input_price_per_million: f64,
-    /// USD per million output tokens.
+    pub input_price_per_million: Option<f64>,
+    /// USD per million output tokens; likewise.
     #[serde(default)]
-    pub output_price_per_million: f64,
+    pub output_price_per_million: Option<f64>,
     /// The model's context window in tokens: a prompt that would not fit is
     /// compacted first. Left out, prompts are sent whole.
     #[serde(default)]
@@ -197,6 +200,13 @@ pub fn build_models(
                 message: format!("a model may not be named {name:?}: that name is the built-in one's"),
             });
         }
+        let prices = [model.input_price_per_million, model.output_price_per_million];
+        if prices.into_iter().flatten().any(|price| !(price.is_finite() && price >= 0.0)) {
+            return Err(ModelsError::Invalid {
+                provider: model.provider.clone(),
+                message: format!("model {name:?}: a price per million tokens must be a number of USD, 0 or more"),
+            });
+        }
         let provider = clients
             .get(&model.provider)
             .ok_or_else(|| ModelsError::UnknownProvider { model: name.clone(), provider: model.provider.clone() })?;
@@ -223,8 +233,8 @@ pub fn build_models(
             provider: "env".into(),
             id: id.clone(),
             stream: true,
-            input_price_per_million: 0.0,
-            output_price_per_million: 0.0,
+            input_price_per_million: None,
+            output_price_per_million: None,
             context_window: None,
         };
         built.entry("env".to_owned()).or_insert_with(|| Arc::new(OpenAiModel::new(client, settings("env", &model))));
@@ -249,12 +259,24 @@ pub fn build_models(
 }
 
 fn settings(name: &str, model: &ModelConfig) -> ModelSettings {
+    let listed = prices::list_price(&model.id);
+    let (input, output) = match (model.input_price_per_million, model.output_price_per_million, listed) {
+        (None, None, Some(listed)) => listed,
+        (None, None, None) => {
+            info!(model = name, id = %model.id, "no price configured or listed for this model: its calls count as $0");
+            (0.0, 0.0)
+        }
+        (input, output, listed) => (
+            input.or(listed.map(|(input, _)| input)).unwrap_or(0.0),
+            output.or(listed.map(|(_, output)| output)).unwrap_or(0.0),
+        ),
+    };
     ModelSettings {
         name: name.to_owned(),
         id: model.id.clone(),
         stream: model.stream,
-        input_price_per_million: model.input_price_per_million,
-        output_price_per_million: model.output_price_per_million,
+        input_price_per_million: input,
+        output_price_per_million: output,
         context_window: model.context_window.and_then(|tokens| usize::try_from(tokens).ok()),
     }
 }
@@ -305,8 +327,8 @@ mod tests {
             provider: provider.into(),
             id: "m".into(),
             stream: true,
-            input_price_per_million: 0.0,
-            output_price_per_million: 0.0,
+            input_price_per_million: None,
+            output_price_per_million: None,
             context_window: None,
         }
     }

@@ -92,7 +92,12 @@ impl Tool for McpTool {
             _ => return Err(ToolError::InvalidArgs("arguments must be a JSON object".to_owned())),
         };
         validate(remote, &arguments)?;
-        let params = CallToolRequestParams::new(remote.remote_name.clone()).with_arguments(arguments);
+        let mut params = CallToolRequestParams::new(remote.remote_name.clone()).with_arguments(arguments);
+        // The call's span (`execute_tool`) as the parent of the server's work, in
+        // the request's `_meta` as MCP carries trace context (stdio and HTTP alike).
+        if let Some(traceparent) = crate::otel::traceparent_of(&tracing::Span::current()) {
+            rmcp::model::RequestParamsMeta::set_traceparent(&mut params, &traceparent);
+        }
         match connection.peer.call_tool(params).await {
             Ok(result) => output(result),
             Err(error) => Err(self.call_failed(&connection, error)),

@@ -197,6 +197,10 @@ pub struct RunView {
     #[schema(value_type = Object)]
     #[serde(default)]
     pub metadata: Metadata,
+    /// The OpenTelemetry trace the run's spans are in (32 hex digits), where the
+    /// daemon exports traces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
 }
 
 /// Tokens and cost.
@@ -231,6 +235,8 @@ impl From<RunRecord> for RunView {
             updated_at: run.updated_at,
             thread_id: run.thread_id.map(|id| id.to_string()),
             metadata: run.metadata,
+            // `00-TRACE_ID-SPAN_ID-FLAGS`.
+            trace_id: run.traceparent.as_deref().and_then(|parent| parent.split('-').nth(1)).map(str::to_owned),
         }
     }
 }
@@ -247,7 +253,7 @@ impl From<RunRecord> for RunView {
         (status = 409, body = ErrorBody, description = "`thread_busy`: the thread has an active run (its id in `active_run_id`) and the strategy is `reject`."),
         (status = 422, body = ErrorBody, description = "`idempotency_key_reused`: the key was used for a different request."),
         (status = 413, body = ErrorBody, description = "Body over server.max_body_bytes."),
-        (status = 429, body = ErrorBody, description = "Too many active runs (globally or for this tenant); see Retry-After."),
+        (status = 429, body = ErrorBody, description = "Too many active runs (globally or for this tenant), or the tenant's daily quota is spent (`quota_exceeded`, until `reset_at`); see Retry-After."),
         (status = 503, body = ErrorBody, description = "Shutting down, or the store failed."),
     ),
     security(("bearer" = [])))]
@@ -302,8 +308,9 @@ pub(super) async fn submit(
         },
         (None, None) => default_agent(),
     };
-    let limits = match (body.limits, state.inner.runtime.agent(&agent)) {
-        (Some(wanted), Some(agent)) => Some(lowered(&agent.limits, &wanted)),
+    let agent_limits = state.inner.runtime.agent(&agent).map(|agent| agent.limits.clone());
+    let mut limits = match (body.limits, &agent_limits) {
+        (Some(wanted), Some(agent)) => Some(lowered(agent, &wanted)),
         _ => None,
     };
     // A client's budget must be one a run can spend (within the runtime, a
@@ -311,8 +318,31 @@ pub(super) async fn submit(
     if let Some(limits) = &limits {
         limits.check().map_err(|message| ApiError::new(StatusCode::BAD_REQUEST, "invalid_limits", message))?;
     }
+    // The tenant's daily quotas: refused once spent, else the run's budget is at
+    // most what is left of them. A retry of a request that already created its run
+    // (same Idempotency-Key) gets that run, quota or not.
+    if let Some(agent_limits) = agent_limits {
+        let store = state.inner.runtime.store();
+        let wanted = limits.clone().unwrap_or(agent_limits);
+        match state.inner.quotas.admit(store.as_ref(), &tenant, wanted, Utc::now()).await {
+            Ok(None) => {}
+            Ok(Some(admitted)) => limits = Some(admitted),
+            Err(refused) => {
+                let since = Utc::now() - troupe_actors::runtime::IDEMPOTENCY_WINDOW;
+                let replay = match &idempotency {
+                    Some(key) => store.threads().run_by_idempotency_key(&tenant, &key.key, since).await?,
+                    None => None,
+                };
+                if replay.is_none() {
+                    return Err(refused);
+                }
+            }
+        }
+    }
     let spec = RunSpec { agent, input: body.input, limits };
-    let request = SubmitRequest { spec, tenant, parent_run_id: None, thread, metadata, idempotency };
+    // The run joins the request's trace: its spans are children of the request's.
+    let traceparent = troupe_actors::spans::traceparent(&tracing::Span::current());
+    let request = SubmitRequest { spec, tenant, parent_run_id: None, thread, metadata, idempotency, traceparent };
     // The submission runs to its end even if the client goes away or the request
     // times out: a run half-accepted would be stored but never started.
     let runtime = state.inner.runtime.clone();

@@ -23,6 +23,8 @@ pub struct ApiError {
     pub retry_after: Option<u64>,
     /// For `thread_busy`: the thread's active run.
     pub active_run_id: Option<String>,
+    /// For `quota_exceeded`: when the quota resets (RFC 3339).
+    pub reset_at: Option<String>,
 }
 
 /// The JSON body of an error.
@@ -38,7 +40,7 @@ pub struct ErrorDetail {
     /// Stable code: `unauthorized`, `not_found`, `invalid_json`, `invalid_request`,
     /// `payload_too_large`, `invalid_input`, `unknown_agent`, `invalid_limits`, `overloaded`,
     /// `tenant_overloaded`, `too_many_streams`, `not_waiting`, `already_ended`,
-    /// `not_ended`, `thread_busy`, `thread_queue_full`, `idempotency_key_reused`,
+    /// `not_ended`, `thread_busy`, `thread_queue_full`, `quota_exceeded`, `idempotency_key_reused`,
     /// `unavailable`, `timeout`, `store_error`.
     pub code: String,
     /// A description.
@@ -46,12 +48,16 @@ pub struct ErrorDetail {
     /// For `thread_busy`: the run the thread is busy with.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub active_run_id: Option<String>,
+    /// For `quota_exceeded`: when the tenant's daily quota resets (RFC 3339, UTC
+    /// midnight); `Retry-After` says the same in seconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reset_at: Option<String>,
 }
 
 impl ApiError {
     /// An error with no `Retry-After`.
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        Self { status, code, message: message.into(), retry_after: None, active_run_id: None }
+        Self { status, code, message: message.into(), retry_after: None, active_run_id: None, reset_at: None }
     }
 
     /// 404 `not_found`: no such run for this tenant (another tenant's runs are
@@ -88,6 +94,7 @@ impl IntoResponse for ApiError {
             code: self.code.to_owned(),
             message: self.message.clone(),
             active_run_id: self.active_run_id.clone(),
+            reset_at: self.reset_at.clone(),
         };
         let body = ErrorBody { error };
         let mut response = (self.status, Json(body)).into_response();

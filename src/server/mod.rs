@@ -27,6 +27,7 @@ mod body;
 mod config;
 mod error;
 mod incidents;
+mod quota;
 mod routes;
 mod slots;
 mod sse;
@@ -64,6 +65,7 @@ pub mod api_types {
 pub use auth::{Auth, AuthConfig, AuthError, TokenConfig, hash_token};
 pub use config::{ConnectionTimeouts, ServeError, ServerConfig};
 pub use error::ApiError;
+pub use quota::{QuotaConfig, TenantQuota};
 pub use state::{AppState, check_config};
 pub use telemetry::install_prometheus;
 

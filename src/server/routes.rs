@@ -92,7 +92,7 @@ fn complete(document: &mut serde_json::Value) {
                 }
                 if opens {
                     responses.entry("429").or_insert_with(|| {
-                        error("`overloaded`, `tenant_overloaded`, `too_many_streams` or `thread_queue_full`; see `Retry-After`.")
+                        error("`overloaded`, `tenant_overloaded`, `too_many_streams`, `thread_queue_full` or `quota_exceeded` (with `reset_at`); see `Retry-After`.")
                     });
                 }
                 if path != "/healthz" && path != "/openapi.json" {

@@ -16,6 +16,7 @@ use troupe_actors::store::RunRecord;
 use super::auth::{Auth, HashedToken, Tenant};
 use super::config::{ServeError, ServerConfig, Timing};
 use super::error::ApiError;
+use super::quota::QuotaConfig;
 use super::slots::StreamSlots;
 use super::throttle::LogThrottle;
 
@@ -30,6 +31,7 @@ pub(super) struct Inner {
     pub(super) runtime: Arc<Runtime>,
     pub(super) auth: Auth,
     pub(super) config: ServerConfig,
+    pub(super) quotas: QuotaConfig,
     pub(super) timing: Timing,
     pub(super) prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
     /// The token `/metrics` asks for, if any.
@@ -41,20 +43,24 @@ pub(super) struct Inner {
 }
 
 impl AppState {
-    /// The state of a server over `runtime`. `prometheus` renders `/metrics` (404
-    /// without it); cancelling `shutdown` ends every event stream.
+    /// The state of a server over `runtime`, with tenants' daily `quotas`.
+    /// `prometheus` renders `/metrics` (404 without it); cancelling `shutdown`
+    /// ends every event stream.
     pub fn new(
         runtime: Arc<Runtime>,
         auth: Auth,
         config: ServerConfig,
+        quotas: QuotaConfig,
         prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
         shutdown: CancellationToken,
     ) -> Result<Self, ServeError> {
         let timing = config.timing()?;
+        quotas.check().map_err(ServeError::Config)?;
         let metrics_token = metrics_token(&config)?;
         let streams = StreamSlots::new(config.max_sse_clients, config.max_sse_clients_per_tenant);
         let throttle = LogThrottle::default();
-        let inner = Inner { runtime, auth, config, timing, prometheus, metrics_token, streams, shutdown, throttle };
+        let inner =
+            Inner { runtime, auth, config, quotas, timing, prometheus, metrics_token, streams, shutdown, throttle };
         Ok(Self { inner: Arc::new(inner) })
     }
 }

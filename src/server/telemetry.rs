@@ -8,6 +8,7 @@ use axum::extract::{MatchedPath, Request};
 use axum::middleware::Next;
 use axum::response::Response;
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
+use tracing::Instrument;
 use troupe_actors::metrics;
 
 /// Installs the process-wide Prometheus recorder, with explicit buckets for every
@@ -33,12 +34,30 @@ pub fn install_prometheus() -> Result<PrometheusHandle, BuildError> {
 
 /// Middleware: counts every request by method, route template (never the raw
 /// path, which holds run ids) and status, and times it to the response head.
+/// Where traces are exported, the request is a server span (`POST /v1/runs`),
+/// the child of the client's `traceparent` if it sends one; a run it creates
+/// joins that trace.
 pub async fn measure(request: Request, next: Next) -> Response {
     let started = Instant::now();
     let method = known_method(request.method()).to_owned();
     let route = request.extensions().get::<MatchedPath>().map_or("unmatched", |path| path.as_str()).to_owned();
     let in_flight = InFlight::enter();
-    let response = next.run(request).await;
+    let response = if crate::otel::enabled() {
+        let span = tracing::info_span!(
+            "http_request",
+            otel.name = format!("{method} {route}"),
+            otel.kind = "server",
+            http.request.method = %method,
+            http.route = %route,
+            http.response.status_code = tracing::field::Empty,
+        );
+        crate::otel::adopt_request(&span, request.headers());
+        let response = next.run(request).instrument(span.clone()).await;
+        span.record("http.response.status_code", response.status().as_u16());
+        response
+    } else {
+        next.run(request).await
+    };
     drop(in_flight);
     metrics::http_request(&method, &route, response.status().as_u16(), started.elapsed());
     response

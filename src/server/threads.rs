@@ -314,7 +314,7 @@ pub(super) async fn delete_thread(
         (status = 404, body = ErrorBody, description = "No such thread, or unknown agent."),
         (status = 409, body = ErrorBody, description = "`thread_busy`: the thread has an active run (its id in `active_run_id`) and the strategy is `reject`."),
         (status = 422, body = ErrorBody, description = "`idempotency_key_reused`: the key was used for a different request."),
-        (status = 429, body = ErrorBody, description = "Too many runs active, or waiting on this thread."),
+        (status = 429, body = ErrorBody, description = "Too many runs active, or waiting on this thread, or the tenant's daily quota is spent (`quota_exceeded`, until `reset_at`)."),
     ),
     security(("bearer" = [])))]
 pub(super) async fn create_thread_run(

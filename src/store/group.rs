@@ -66,6 +66,7 @@ pub(super) struct Fixed {
     pub metadata: Option<Text>,
     pub idempotency_key: Option<Text>,
     pub request_fingerprint: Option<Text>,
+    pub traceparent: Option<Text>,
 }
 
 /// The columns of a run that commits change, with the counters that number its
@@ -105,6 +106,7 @@ impl Job {
             metadata: if run.metadata.is_empty() { None } else { Some(json(&run.metadata)?.into()) },
             idempotency_key: run.idempotency.as_ref().map(|idempotency| idempotency.key.as_str().into()),
             request_fingerprint: run.idempotency.as_ref().map(|idempotency| idempotency.fingerprint.as_str().into()),
+            traceparent: run.traceparent.as_deref().map(Into::into),
         };
         let state = RunState {
             key: 0,

@@ -47,7 +47,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::sqlite::{SqliteAutoVacuum, SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use troupe_actors::protocol::{Plan, RunEvent, RunId, ThreadId};
+use troupe_actors::protocol::{Plan, RunEvent, RunId, ThreadId, Usage};
 use troupe_actors::store::{
     Commit, Idempotency, Metadata, RunQuery, RunRecord, RunSnapshot, RunStore, StoreError, ThreadQuery, ThreadRecord,
     ThreadStore, ThreadSummary,
@@ -76,6 +76,7 @@ const SQLITE_MIGRATIONS: &[(i64, &str)] = &[
     (6, include_str!("../../migrations/sqlite/0006_progress_on_commits.sql")),
     (7, include_str!("../../migrations/sqlite/0007_run_keys.sql")),
     (8, include_str!("../../migrations/sqlite/0008_threads.sql")),
+    (9, include_str!("../../migrations/sqlite/0009_traceparent.sql")),
 ];
 const POSTGRES_MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../../migrations/postgres/0001_runs.sql")),
@@ -86,6 +87,7 @@ const POSTGRES_MIGRATIONS: &[(i64, &str)] = &[
     (6, include_str!("../../migrations/postgres/0006_progress_on_commits.sql")),
     (7, include_str!("../../migrations/postgres/0007_run_keys.sql")),
     (8, include_str!("../../migrations/postgres/0008_threads.sql")),
+    (9, include_str!("../../migrations/postgres/0009_traceparent.sql")),
 ];
 
 /// The page size of a SQLite database the store creates.
@@ -328,6 +330,7 @@ fn run_from_row(row: &impl Columns) -> Result<RunRecord, StoreError> {
         thread_id: row.optional("thread_id")?.map(|id| id.parse()).transpose().map_err(|_| bad_thread_id())?,
         metadata: metadata_from(row.optional("metadata")?)?,
         idempotency: idempotency_from(row)?,
+        traceparent: row.optional("traceparent")?,
     })
 }
 
@@ -369,7 +372,7 @@ fn thread_from_row(row: &impl Columns) -> Result<ThreadRecord, StoreError> {
 
 const RUN_COLUMNS: &str = "run_id, tenant, parent_run_id, agent, input, limits, status, reason, turn, usage, \
                            final_output, created_at, updated_at, thread_id, metadata, idempotency_key, \
-                           request_fingerprint";
+                           request_fingerprint, traceparent";
 
 const THREAD_COLUMNS: &str = "thread_id, tenant, agent, metadata, idempotency_key, request_fingerprint, summary, summary_through, created_at, \
      updated_at";
@@ -528,6 +531,28 @@ impl RunStore for SqlStore {
             .await
             .map_err(backend)?;
             ids.iter().map(|id| id.parse().map_err(|_| StoreError::Backend("bad stored run id".to_owned()))).collect()
+        })
+    }
+
+    async fn tenant_usage(&self, tenant: &str, since: DateTime<Utc>) -> Result<Usage, StoreError> {
+        // Run ids are UUIDv7, so "created at or after `since`" is a range of the
+        // (tenant, run_id) index: from the lowest id of that millisecond.
+        let millis = u64::try_from(since.timestamp_millis()).unwrap_or(0);
+        let first = format!("{:08x}-{:04x}-7000-8000-000000000000", millis >> 16, millis & 0xffff);
+        with_pool!(self, |pool, _postgres| {
+            let rows: Vec<String> = sqlx::query_scalar(
+                "SELECT usage FROM runs_now WHERE tenant = $1 AND run_id >= $2 AND parent_run_id IS NULL",
+            )
+            .bind(tenant)
+            .bind(&first)
+            .fetch_all(pool)
+            .await
+            .map_err(backend)?;
+            let mut total = Usage::default();
+            for text in rows {
+                total.add(&parse::<Usage>(&text)?);
+            }
+            Ok(total)
         })
     }
 

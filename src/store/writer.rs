@@ -271,7 +271,7 @@ macro_rules! write_rows {
             &format!(
                 "INSERT {or}INTO runs (run_key, run_id, tenant, parent_run_id, agent, input, limits, status, reason, \
              turn, usage, final_output, last_seq, message_count, tool_count, document_count, created_at, updated_at, \
-             ended_at, thread_id, metadata, idempotency_key, request_fingerprint) "
+             ended_at, thread_id, metadata, idempotency_key, request_fingerprint, traceparent) "
             ),
             "",
             |row, (_, fixed, state)| {
@@ -298,6 +298,7 @@ macro_rules! write_rows {
                     .push_bind(fixed.metadata.clone())
                     .push_bind(fixed.idempotency_key.clone())
                     .push_bind(fixed.request_fingerprint.clone())
+                    .push_bind(fixed.traceparent.clone())
             }
         );
         insert_rows!(

@@ -86,6 +86,8 @@ pub struct Recorded {
     pub at: tokio::time::Instant,
     /// Its Authorization header, if any.
     pub authorization: Option<String>,
+    /// Its W3C `traceparent` header, if any.
+    pub traceparent: Option<String>,
     /// Its JSON body (`Null` if it was not JSON).
     pub body: Value,
 }
@@ -156,6 +158,7 @@ async fn answer(State(state): State<Arc<FakeState>>, headers: HeaderMap, body: B
     let recorded = Recorded {
         at: tokio::time::Instant::now(),
         authorization: authorization.clone(),
+        traceparent: headers.get("traceparent").and_then(|value| value.to_str().ok()).map(str::to_owned),
         body: serde_json::from_slice(&body).unwrap_or(Value::Null),
     };
     if let Ok(mut requests) = state.requests.lock() {

@@ -275,7 +275,7 @@ impl Tool for HttpFetch {
         };
         let value = fetched.map_err(|_| timeout_error(self.timeout))??;
         let fragments = fragment(&value).into_iter().collect();
-        Ok(ToolOutput { value, fragments, cost_usd: 0.0 })
+        Ok(ToolOutput { value, fragments, ..Default::default() })
     }
 }
 

@@ -4,6 +4,7 @@
 // Tests read their settings (a PostgreSQL URL, a model, a seed) from the environment.
 #![allow(clippy::disallowed_methods)]
 
+mod cost;
 mod crash;
 mod daemon;
 mod default_agent;
@@ -17,4 +18,5 @@ mod server;
 mod store;
 mod store_upgrade;
 mod threads;
+mod traces;
 mod web;

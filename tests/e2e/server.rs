@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 use troupe::cli::client::SseParser;
-use troupe::server::{self, AppState, Auth, AuthConfig, ServerConfig};
+use troupe::server::{self, AppState, Auth, AuthConfig, QuotaConfig, ServerConfig};
 use troupe_actors::config::{AgentConfig, RuntimeConfig};
 use troupe_actors::llm::ModelRegistry;
 use troupe_actors::store::{MemoryStore, RunStore};
@@ -59,7 +59,8 @@ pub(crate) async fn start_gated(
     let shutdown = CancellationToken::new();
     let timeouts = server_config.connection_timeouts().unwrap();
     let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder().handle();
-    let state = AppState::new(runtime, auth, server_config, Some(prometheus), shutdown.clone()).unwrap();
+    let state = AppState::new(runtime, auth, server_config, QuotaConfig::default(), Some(prometheus), shutdown.clone())
+        .unwrap();
     let (listener, address) = server::bind("127.0.0.1:0").await.unwrap();
     let served = tokio::spawn(server::serve(
         listener,
@@ -214,7 +215,9 @@ async fn metrics_with_a_token_set_answer_only_its_bearer() {
         .await
         .unwrap(),
     );
-    let refused = AppState::new(runtime, Auth::open(), bad, None, CancellationToken::new()).err().unwrap();
+    let refused = AppState::new(runtime, Auth::open(), bad, QuotaConfig::default(), None, CancellationToken::new())
+        .err()
+        .unwrap();
     assert!(refused.to_string().contains("metrics_token_sha256 must be 64 hex digits"), "{refused}");
 }
 

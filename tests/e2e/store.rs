@@ -92,6 +92,7 @@ fn review() -> Review {
         question: Some("which one?".into()),
         updated_plan: None,
         notes: "fine".into(),
+        usage: Default::default(),
     }
 }
 

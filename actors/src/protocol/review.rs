@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::protocol::TodoItem;
+use crate::protocol::{TodoItem, Usage};
 
 /// Whether a review came from its intended reviewer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -68,6 +68,10 @@ pub struct Review {
     pub updated_plan: Option<Vec<TodoItem>>,
     /// Free-form notes, shown to the model next turn.
     pub notes: String,
+    /// What a model-backed review's call spent (charged to the run); nothing for
+    /// the rule-based one.
+    #[serde(default, skip_serializing_if = "Usage::is_zero")]
+    pub usage: Usage,
 }
 
 /// An action a review suggests: a call (the tool, perhaps its arguments) or

@@ -177,6 +177,11 @@ impl Usage {
         self.input_tokens + self.output_tokens
     }
 
+    /// Nothing spent.
+    pub fn is_zero(&self) -> bool {
+        self.input_tokens == 0 && self.output_tokens == 0 && self.cost_usd == 0.0
+    }
+
     /// Adds `other` to `self`.
     pub fn add(&mut self, other: &Usage) {
         self.input_tokens += other.input_tokens;

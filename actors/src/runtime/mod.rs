@@ -293,7 +293,7 @@ impl Runtime {
     /// Creates a run: it starts now (or waits in the run queue for a slot), or,
     /// with `hold`, is stored `queued` and waits on its thread.
     async fn create(&self, request: SubmitRequest, hold: bool) -> Result<RunRecord, SubmitError> {
-        let SubmitRequest { spec, tenant, parent_run_id, thread, metadata, idempotency } = request;
+        let SubmitRequest { spec, tenant, parent_run_id, thread, metadata, idempotency, traceparent } = request;
         let Some(agent) = self.shared.agents.get(&spec.agent) else {
             metrics::admission_rejected("unknown_agent");
             return Err(SubmitError::UnknownAgent(spec.agent));
@@ -314,6 +314,7 @@ impl Runtime {
         record.thread_id = thread.map(|thread| thread.thread_id);
         record.metadata = metadata;
         record.idempotency = idempotency;
+        record.traceparent = traceparent;
         if permit.is_none() {
             record.status = RunStatus::Queued;
         }

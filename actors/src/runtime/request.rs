@@ -23,6 +23,9 @@ pub struct SubmitRequest {
     /// Its idempotency key: a request under a key already used by this tenant
     /// in the last 24 hours returns that run (same request) or is refused.
     pub idempotency: Option<Idempotency>,
+    /// The W3C trace context the run joins (its spans are children of that
+    /// span), kept with the run.
+    pub traceparent: Option<String>,
 }
 
 /// A run's place in a thread.
@@ -45,6 +48,7 @@ impl SubmitRequest {
             thread: None,
             metadata: Metadata::new(),
             idempotency: None,
+            traceparent: None,
         }
     }
 }

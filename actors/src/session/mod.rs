@@ -51,7 +51,7 @@ mod tools;
 use std::sync::Arc;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
-use tracing::{Instrument, info_span, warn};
+use tracing::{Instrument, Span, warn};
 
 use crate::llm::{ModelError, ModelReply};
 use crate::protocol::{EventKind, Review, RunId, RunStatus, Thought, ToolCall, Usage};
@@ -193,8 +193,10 @@ impl Actor for Session {
         // Loading is I/O: it happens in the first handler, so spawning a session
         // never makes the supervisor wait on the store.
         myself.cast(SessionMsg::Load)?;
-        let span = info_span!("run", run_id = %args.run_id);
-        Ok(SessionState { run_id: args.run_id, span, created: args.created, live: None })
+        // The run's span is made once the run is read (`Load`): it joins the
+        // run's trace before it is first entered.
+        let resumed = args.created.is_none();
+        Ok(SessionState { run_id: args.run_id, span: Span::none(), created: args.created, resumed, live: None })
     }
 
     async fn handle(
@@ -203,6 +205,9 @@ impl Actor for Session {
         message: SessionMsg,
         state: &mut SessionState,
     ) -> Result<(), ActorProcessingErr> {
+        if matches!(message, SessionMsg::Load) && state.live.is_none() && state.span.is_none() {
+            self.open_span(state).await?;
+        }
         let span = state.span.clone();
         // Boxed: the actor's task is sized for the largest state of the future it
         // awaits, and every live session keeps that task while it waits for its
@@ -286,9 +291,7 @@ impl Session {
             SessionMsg::ToolResults(inbox) => self.on_tools_done(&myself, live, inbox.take()).await,
             SessionMsg::SubRunSpent { usage } => {
                 let turn = live.run.turn;
-                live.run.usage.add(&usage);
-                live.outbox.emit(EventKind::TokenUsage { turn, usage, total: live.run.usage });
-                live.outbox.write(StoreWrite::Progress { turn, usage: live.run.usage });
+                live.charge(turn, usage);
                 Ok(())
             }
             SessionMsg::Reviewed { turn, review } => self.on_reviewed(&myself, live, turn, review).await,

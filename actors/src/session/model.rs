@@ -37,6 +37,7 @@ impl Session {
         }
         live.run.turn = turn;
         live.turn_clock = Instant::now();
+        live.turn_span = tracing::info_span!("turn", turn);
         live.outbox.emit(EventKind::TurnStart { turn });
         live.outbox.write(StoreWrite::Progress { turn, usage: live.run.usage });
         live.outbox.flush(&self.shared).await?;
@@ -179,14 +180,19 @@ impl Session {
         let model = live.model.clone();
         let limit = self.shared.config.model_timeout;
         let done = ModelDoneGuard { session: myself.clone(), turn, started: Instant::now(), sent: false };
-        // The run's span goes with the call: the model client's log lines name the run.
+        // The call's span (a child of the turn's) goes with it: the model client's
+        // log lines name the run, and its requests carry the trace.
+        let span = crate::spans::chat(&live.turn_parent(), model.model_id());
         let task = tokio::spawn(
             async move {
                 let reply = stream_reply(model.as_ref(), request, &done.session, turn);
                 let result = tokio::time::timeout(limit, reply).await.unwrap_or(Err(ModelError::Timeout(limit)));
+                if let Ok(reply) = &result {
+                    crate::spans::record_usage(&tracing::Span::current(), &reply.usage);
+                }
                 done.send(result);
             }
-            .instrument(tracing::Span::current()),
+            .instrument(span),
         );
         live.model_task = Some(AbortOnDrop(task.abort_handle()));
         live.phase = Phase::Model { turn, synthesis };
@@ -254,9 +260,7 @@ impl Session {
         metrics::model_request(&model_name, "ok", elapsed);
         let usage = reply.usage;
         metrics::model_usage(&model_name, usage.input_tokens, usage.output_tokens, usage.cost_usd);
-        live.run.usage.add(&usage);
-        live.outbox.emit(EventKind::TokenUsage { turn, usage, total: live.run.usage });
-        live.outbox.write(StoreWrite::Progress { turn, usage: live.run.usage });
+        live.charge(turn, usage);
         for detail in &reply.decode_errors {
             live.outbox.emit(EventKind::DecodeError { turn, detail: detail.clone() });
         }

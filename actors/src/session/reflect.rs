@@ -24,7 +24,6 @@ use crate::llm::{ChatRequest, Message, ModelChunk, ModelClient, Role, ToolChoice
 use crate::protocol::{EventKind, RunStatus, Thought, ThoughtStage, Usage};
 use crate::session::state::{AbortOnDrop, Live, Phase};
 use crate::session::{Session, SessionMsg};
-use crate::store::StoreWrite;
 
 /// The tool the reasoning call must call.
 const THINK: &str = "think";
@@ -49,14 +48,18 @@ impl Session {
         let model = live.model.clone();
         let limit = self.shared.config.model_timeout;
         let session = myself.clone();
+        let span = crate::spans::chat(&live.turn_parent(), model.model_id());
         let task = tokio::spawn(
             async move {
                 let result = tokio::time::timeout(limit, reason(model.as_ref(), request))
                     .await
                     .unwrap_or_else(|_| Err(format!("the reasoning call took longer than {limit:?}")));
+                if let Ok((_, usage)) = &result {
+                    crate::spans::record_usage(&tracing::Span::current(), usage);
+                }
                 let _ = session.cast(SessionMsg::Thought { turn, result });
             }
-            .instrument(tracing::Span::current()),
+            .instrument(span),
         );
         live.model_task = Some(AbortOnDrop(task.abort_handle()));
         live.phase = Phase::Think { turn, answer };
@@ -81,9 +84,7 @@ impl Session {
         let stage = if answer.is_some() { ThoughtStage::AfterResponse } else { ThoughtStage::BeforeActing };
         let thought = match result {
             Ok((thought, usage)) => {
-                live.run.usage.add(&usage);
-                live.outbox.emit(EventKind::TokenUsage { turn, usage, total: live.run.usage });
-                live.outbox.write(StoreWrite::Progress { turn, usage: live.run.usage });
+                live.charge(turn, usage);
                 live.outbox.emit(EventKind::Thought { turn, stage, thought: Box::new(thought.clone()) });
                 Some(thought)
             }

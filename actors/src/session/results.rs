@@ -79,7 +79,10 @@ impl Session {
 
     /// Books a finished call: its events, record, message and documents.
     pub(super) fn record_result(&self, live: &mut Live, result: ToolResult) {
-        let ToolResult { turn, index, call, outcome, record, newly_blocked, new_documents, summary } = result;
+        let ToolResult { turn, index, call, outcome, record, newly_blocked, new_documents, summary, usage } = result;
+        if !usage.is_zero() {
+            live.charge(turn, usage);
+        }
         match &outcome {
             ToolOutcome::Skipped { reason, detail } => live.outbox.emit(EventKind::ToolSkipped {
                 turn,
@@ -145,7 +148,17 @@ impl Session {
         // A built-in counts in the run's ledger like any tool: its failures strike
         // (three block it), its successes make later identical calls duplicates.
         let newly_blocked = BuiltinTool::from_name(&call.name).is_some() && self.book_builtin(live, &record, &outcome);
-        ToolResult { turn, index, call, outcome, record, newly_blocked, new_documents: Vec::new(), summary }
+        ToolResult {
+            turn,
+            index,
+            call,
+            outcome,
+            record,
+            newly_blocked,
+            new_documents: Vec::new(),
+            summary,
+            usage: Default::default(),
+        }
     }
 
     /// What the model reads of a call's outcome. A repeat of a call that

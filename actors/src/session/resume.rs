@@ -27,6 +27,19 @@ use crate::session::{Session, SessionMsg, prompt};
 use crate::store::{RunQuery, RunSnapshot, RunStore, StoreError, StoredMessage};
 
 impl Session {
+    /// Reads the run (unless it came as created) and makes its span: the
+    /// OpenTelemetry `invoke_agent` span of the GenAI conventions, whose children
+    /// are its turns, model calls, tool calls and reviews, in the trace its
+    /// `traceparent` names. One per session: a run resumed after a restart gets
+    /// another span in the same trace.
+    pub(super) async fn open_span(&self, state: &mut SessionState) -> Result<(), ActorProcessingErr> {
+        if state.created.is_none() {
+            state.created = self.shared.store.load(state.run_id).await?.map(Box::new);
+        }
+        state.span = crate::spans::run(state.run_id, state.created.as_ref().map(|snapshot| &snapshot.run));
+        Ok(())
+    }
+
     /// Loads the run and takes its next step.
     pub(super) async fn load(
         &self,
@@ -36,7 +49,7 @@ impl Session {
         if state.live.is_some() {
             return Ok(());
         }
-        let resumed = state.created.is_none();
+        let resumed = state.resumed;
         let snapshot = match state.created.take() {
             Some(created) => Some(*created),
             None => self.shared.store.load(state.run_id).await?,
@@ -113,7 +126,11 @@ impl Session {
             outage: None,
             clarify: None,
             step: None,
+            turn_span: tracing::Span::none(),
         });
+        if live.run.turn > 0 {
+            live.turn_span = tracing::info_span!("turn", turn = live.run.turn);
+        }
         if known_agent.is_none() || model.is_none() {
             let reason = format!("agent {} or its model is not configured", live.run.agent);
             return self.finish(myself, live, RunStatus::Failed, Some(reason), None).await;
@@ -231,7 +248,7 @@ impl Session {
                 ToolOutcome::Interrupted,
                 Utc::now(),
                 Default::default(),
-                0.0,
+                Default::default(),
             );
             self.record_result(live, result);
         }

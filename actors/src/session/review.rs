@@ -104,6 +104,7 @@ impl Session {
             agent_model: live.agent.model.clone(),
             input,
             reply,
+            span: crate::spans::review(&live.turn_parent(), turn, live.agent.reviewer.name()),
         };
         // If the reviewer is down, the message (and its reply) is dropped right here,
         // and the reply's drop sends the degraded rule-based review.
@@ -131,6 +132,9 @@ impl Session {
         }
         if let (Recommendation::Replan, Some(items)) = (review.recommendation, review.updated_plan.clone()) {
             self.replan(myself, live, items).await?;
+        }
+        if !review.usage.is_zero() {
+            live.charge(turn, review.usage);
         }
         book_review(live, turn, &review);
         // A review that asks for nothing is not shown to the model: "go on" is what
@@ -274,6 +278,7 @@ impl Session {
             agent_model: live.agent.model.clone(),
             input: input.clone(),
             reply,
+            span: crate::spans::review(&live.turn_parent(), turn, "rule_based"),
         };
         // An unreachable reviewer drops the message, whose reply then sends the rules' review.
         if let Some(reviewer) = self.shared.handles.reviewer() {
@@ -323,6 +328,7 @@ fn book_review(live: &mut Live, turn: u32, review: &Review) {
 /// `turn_end` of `turn`.
 fn end_turn(live: &mut Live, turn: u32) {
     live.outbox.emit(EventKind::TurnEnd { turn });
+    live.turn_span = tracing::Span::none();
     metrics::turn_finished(live.turn_clock.elapsed());
 }
 

@@ -14,7 +14,7 @@ use crate::config::AgentConfig;
 use crate::hooks::RunLedger;
 use crate::llm::{Message, ModelClient, ModelDelta};
 use crate::planner::PlannerMsg;
-use crate::protocol::{Plan, RunId, ToolCall};
+use crate::protocol::{EventKind, Plan, RunId, ToolCall, Usage};
 use crate::reviewer::CallSummary;
 use crate::session::outbox::Outbox;
 use crate::store::{RunRecord, RunSnapshot, StoreWrite, StoredMessage};
@@ -23,9 +23,13 @@ use crate::tool_pool::{ToolResult, WorkItem};
 /// A session's state. `live` is `None` until the run is loaded from the store.
 pub struct SessionState {
     pub(super) run_id: RunId,
+    /// The run's span, once `Load` has read the run (see `open_span`).
     pub(super) span: Span,
-    /// The run as created, until `Load` takes it (a restarted session has none).
+    /// The run as created (or, once `Load` has begun, as read), until `Load`
+    /// takes it.
     pub(super) created: Option<Box<RunSnapshot>>,
+    /// The session resumes a run from the store (a restart, a queued run).
+    pub(super) resumed: bool,
     pub(super) live: Option<Live>,
 }
 
@@ -73,6 +77,9 @@ pub(super) struct Live {
     pub(super) clarify: Option<String>,
     /// The agent step the current turn takes, for its trace record.
     pub(super) step: Option<StepStarted>,
+    /// The current turn's span (a child of the run's): its model call, tool calls
+    /// and review are its children.
+    pub(super) turn_span: Span,
 }
 
 /// An agent step under way: what its `step_end` event reports.
@@ -85,6 +92,14 @@ pub(super) struct StepStarted {
 }
 
 impl Live {
+    /// Charges `usage` (a model call of `turn`, the reviewer's, a sub-run's) to the
+    /// run: `token_usage` with the new total, which commits with the outbox.
+    pub(super) fn charge(&mut self, turn: u32, usage: Usage) {
+        self.run.usage.add(&usage);
+        self.outbox.emit(EventKind::TokenUsage { turn, usage, total: self.run.usage });
+        self.outbox.write(StoreWrite::Progress { turn, usage: self.run.usage });
+    }
+
     /// Adds `message` to the conversation; it commits with the outbox.
     pub(super) fn append_message(&mut self, turn: u32, message: Message) {
         self.outbox.write(StoreWrite::Message(StoredMessage { turn, message: message.clone() }));
@@ -102,7 +117,14 @@ impl Live {
             call,
             ledger: self.ledger.clone(),
             cancel,
+            span: self.turn_parent(),
         }
+    }
+
+    /// The span a call of the current turn (a model call, a tool call, the
+    /// review) is a child of: the turn's, else (a run resumed mid-turn) the run's.
+    pub(super) fn turn_parent(&self) -> Span {
+        if self.turn_span.is_none() { Span::current() } else { self.turn_span.clone() }
     }
 }
 

@@ -169,6 +169,8 @@ impl Session {
         let mut record =
             RunRecord::accepted(child, live.run.tenant.clone(), target.name.clone(), input.to_owned(), limits, now);
         record.parent_run_id = Some(live.run.run_id);
+        // The sub-run's spans are children of its caller's turn.
+        record.traceparent = crate::spans::traceparent(&live.turn_parent());
         let started = RunEvent {
             run_id: child,
             seq: 1,
@@ -310,7 +312,7 @@ impl Watcher {
             Err(error) => ToolOutcome::failed("sub_run_failed", format!("the sub-run could not be read: {error}")),
         };
         let summary = format!("sub-run {} ended", self.child);
-        let ending = Ending { outcome, started_at, elapsed: clock.elapsed(), cost_usd: 0.0 };
+        let ending = Ending { outcome, started_at, elapsed: clock.elapsed(), usage: Default::default() };
         let result = book(&self.shared.pool, &self.work, ending, summary);
         // The caller may have ended meanwhile; then nobody needs the answer.
         let _ = self.session.cast(SessionMsg::ToolDone(Box::new(result)));

@@ -15,7 +15,7 @@ mod tools;
 
 pub use eventually::{Holds, eventually};
 pub use metrics::{capture_metrics, counter};
-pub use model::{ScriptedModel, Step, StreamHold, calls, text, todo};
+pub use model::{ScriptedModel, Step, StreamHold, calls, text, todo, usage};
 pub use store::FaultyStore;
 pub use tools::{
     ClassifierTool, EchoTool, FailingTool, GatedTool, LedgerTool, PanickingTool, SearchTool, SlowTool, tool_context,

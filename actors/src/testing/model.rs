@@ -88,7 +88,8 @@ pub fn todo(tasks: &[(&str, &str, &str)]) -> Value {
     json!({ "todos": todos })
 }
 
-fn usage() -> Usage {
+/// What every scripted reply spends: 100 tokens in, 20 out, $0.0001.
+pub fn usage() -> Usage {
     Usage { input_tokens: 100, output_tokens: 20, cost_usd: 0.0001 }
 }
 

@@ -70,6 +70,13 @@ impl RunStore for FaultyStore {
     async fn unfinished_runs(&self) -> Result<Vec<RunId>, StoreError> {
         self.inner.unfinished_runs().await
     }
+    async fn tenant_usage(
+        &self,
+        tenant: &str,
+        since: chrono::DateTime<chrono::Utc>,
+    ) -> Result<crate::protocol::Usage, StoreError> {
+        self.inner.tenant_usage(tenant, since).await
+    }
     async fn delete_finished(&self, before: chrono::DateTime<chrono::Utc>, limit: usize) -> Result<usize, StoreError> {
         self.inner.delete_finished(before, limit).await
     }

@@ -237,7 +237,11 @@ impl Tool for SearchTool {
             })
             .filter(|fragment| !excluded.contains(&fragment.id.as_str()))
             .collect();
-        Ok(ToolOutput { value: json!({"excluded": excluded, "found": fragments.len()}), fragments, cost_usd: 0.0 })
+        Ok(ToolOutput {
+            value: json!({"excluded": excluded, "found": fragments.len()}),
+            fragments,
+            ..Default::default()
+        })
     }
 }
 

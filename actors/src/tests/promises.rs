@@ -488,7 +488,13 @@ fn crash_reviewer(reviewer: &ActorRef<ReviewerMsg>, before: impl FnOnce() + Send
         before();
         panic!("injected reviewer fault")
     });
-    let review = ReviewerMsg::Review { kind: ReviewerKind::RuleBased, agent_model: None, input, reply };
+    let review = ReviewerMsg::Review {
+        kind: ReviewerKind::RuleBased,
+        agent_model: None,
+        input,
+        reply,
+        span: tracing::Span::none(),
+    };
     assert!(reviewer.cast(review).is_ok());
 }
 

@@ -98,6 +98,8 @@ async fn a_sub_run_answers_the_caller_with_its_own_reviewed_run() {
         .sum();
     assert!(child.usage.total_tokens() > 0 && spent == own, "{spent} vs {own}");
     assert_eq!(spent, 3 * child.usage.total_tokens(), "the caller's two model calls plus the sub-run's one");
+    let paid = team.runtime.get(boss).await.unwrap().unwrap().usage.cost_usd;
+    assert!(child.usage.cost_usd > 0.0 && (paid - 3.0 * child.usage.cost_usd).abs() < 1e-12, "and their cost: {paid}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

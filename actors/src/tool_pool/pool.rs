@@ -63,7 +63,8 @@ impl Actor for ToolPool {
                     warn!(run_id = %job.work.run_id, tool = %job.work.call.name, "tool queue full");
                     let outcome =
                         ToolOutcome::failed("pool_overloaded", "too many tool calls are waiting; try again later");
-                    let result = finish(&self.shared, &job.work, outcome, Utc::now(), Duration::ZERO, 0.0);
+                    let result =
+                        finish(&self.shared, &job.work, outcome, Utc::now(), Duration::ZERO, Default::default());
                     job.reply.send(result);
                 } else {
                     state.queue.push_back(*job);
@@ -96,8 +97,14 @@ impl Actor for ToolPool {
                 if let Some((_, in_flight)) = state.busy.remove(&id) {
                     error!(run_id = %in_flight.work.run_id, tool = %in_flight.work.call.name, %reason, "tool worker crashed");
                     let outcome = ToolOutcome::failed("worker_crashed", "the tool crashed while running this call");
-                    let result =
-                        finish(&self.shared, &in_flight.work, outcome, Utc::now(), in_flight.started.elapsed(), 0.0);
+                    let result = finish(
+                        &self.shared,
+                        &in_flight.work,
+                        outcome,
+                        Utc::now(),
+                        in_flight.started.elapsed(),
+                        Default::default(),
+                    );
                     in_flight.reply.send(result);
                 }
                 metrics::actor_restarted("tool_worker");

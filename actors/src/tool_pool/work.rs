@@ -13,7 +13,7 @@ use tracing::debug;
 
 use crate::hooks::{HookChain, RunLedger};
 use crate::metrics;
-use crate::protocol::{Fragment, RunId, ToolCall, ToolExecutionRecord, ToolOutcome};
+use crate::protocol::{Fragment, RunId, ToolCall, ToolExecutionRecord, ToolOutcome, Usage};
 use crate::tool::ToolRegistry;
 
 /// A call to execute, as the worker sees it.
@@ -35,6 +35,8 @@ pub struct WorkItem {
     pub ledger: Arc<RunLedger>,
     /// The run's cancellation.
     pub cancel: CancellationToken,
+    /// The span the call's span is a child of (its turn's).
+    pub span: tracing::Span,
 }
 
 /// The result of one call, with everything the session commits.
@@ -56,6 +58,8 @@ pub struct ToolResult {
     pub new_documents: Vec<Fragment>,
     /// A short human line for the `reasoning_step` event.
     pub summary: String,
+    /// What the call spent, charged to the run with the result.
+    pub usage: Usage,
 }
 
 /// What every worker shares: the tools, the hooks and the default time limit.
@@ -89,6 +93,7 @@ pub(crate) fn bare_job(agent: &str, call: ToolCall) -> (Arc<PoolShared>, WorkIte
         call,
         ledger: Arc::new(RunLedger::new()),
         cancel: CancellationToken::new(),
+        span: tracing::Span::none(),
     };
     (shared, work)
 }
@@ -106,13 +111,13 @@ pub fn finish(
     outcome: ToolOutcome,
     started_at: DateTime<Utc>,
     elapsed: Duration,
-    cost_usd: f64,
+    usage: Usage,
 ) -> ToolResult {
     let summary = match shared.registry.get(&work.call.name) {
         Some(registered) => crate::tool::describe_end(registered.tool.as_ref(), &outcome),
         None => format!("{} is not a known tool", work.call.name),
     };
-    book(shared, work, Ending { outcome, started_at, elapsed, cost_usd }, summary)
+    book(shared, work, Ending { outcome, started_at, elapsed, usage }, summary)
 }
 
 /// How a call ended, as [`book`] records it.
@@ -124,21 +129,21 @@ pub struct Ending {
     pub started_at: DateTime<Utc>,
     /// How long it ran.
     pub elapsed: Duration,
-    /// What it cost.
-    pub cost_usd: f64,
+    /// What it spent.
+    pub usage: Usage,
 }
 
 impl Ending {
     /// A call that ended as it started, without running or costing anything.
     pub fn at_once(outcome: ToolOutcome) -> Self {
-        Self { outcome, started_at: Utc::now(), elapsed: Duration::ZERO, cost_usd: 0.0 }
+        Self { outcome, started_at: Utc::now(), elapsed: Duration::ZERO, usage: Usage::default() }
     }
 }
 
 /// Books a call without running any of the tool's code (its summary is given).
 /// Safe inside `Drop`.
 pub fn book(shared: &PoolShared, work: &WorkItem, ending: Ending, summary: String) -> ToolResult {
-    let Ending { outcome, started_at, elapsed, cost_usd } = ending;
+    let Ending { outcome, started_at, elapsed, usage } = ending;
     let call = &work.call;
     let status = outcome.status();
     let error = match &outcome {
@@ -170,7 +175,7 @@ pub fn book(shared: &PoolShared, work: &WorkItem, ending: Ending, summary: Strin
     let mut record = ToolExecutionRecord::started(work.run_id, &work.agent, connector, work.turn, call).ended(&outcome);
     record.started_at = started_at;
     record.duration_ms = duration_ms;
-    record.cost_usd = cost_usd;
+    record.cost_usd = usage.cost_usd;
     record.fragments_added = new_documents.len();
     record.fragment_ids = new_documents.iter().map(|fragment| fragment.id.clone()).collect();
     ToolResult {
@@ -182,5 +187,6 @@ pub fn book(shared: &PoolShared, work: &WorkItem, ending: Ending, summary: Strin
         newly_blocked,
         new_documents,
         summary,
+        usage,
     }
 }

@@ -7,10 +7,10 @@ use std::time::Instant;
 
 use chrono::Utc;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
-use tracing::{Instrument, info_span};
+use tracing::Instrument;
 
 use crate::hooks::{HookContext, HookVerdict};
-use crate::protocol::ToolOutcome;
+use crate::protocol::{ToolOutcome, Usage};
 use crate::tool::ToolContext;
 use crate::tool_pool::ToolPoolMsg;
 use crate::tool_pool::work::{PoolShared, ToolResult, WorkItem, finish, idempotency_key};
@@ -46,7 +46,8 @@ impl Actor for ToolWorker {
     ) -> Result<(), ActorProcessingErr> {
         match message {
             ToolWorkerMsg::Run(work) => {
-                let span = info_span!("tool_call", run_id = %work.run_id, tool = %work.call.name, turn = work.turn);
+                let span =
+                    crate::spans::execute_tool(&work.span, work.run_id, work.turn, &work.call.name, &work.call.call_id);
                 let result = execute(&self.shared, work).instrument(span).await;
                 // The pool is gone only at shutdown; the result then has nobody to go to.
                 let _ = self.pool.cast(ToolPoolMsg::Done { worker: myself.get_id(), result: Box::new(result) });
@@ -72,11 +73,11 @@ pub async fn execute(shared: &PoolShared, work: WorkItem) -> ToolResult {
     };
     if work.cancel.is_cancelled() {
         // The run was cancelled while this call waited in the queue: it never starts.
-        return finish(shared, &work, ToolOutcome::Interrupted, started_at, clock.elapsed(), 0.0);
+        return finish(shared, &work, ToolOutcome::Interrupted, started_at, clock.elapsed(), Usage::default());
     }
-    let (outcome, cost_usd, executed) = match (shared.chain.before(&context, &work.call).await, registered) {
-        (HookVerdict::Skip(outcome), _) => (outcome, 0.0, None),
-        (HookVerdict::Run(_), None) => (ToolOutcome::failed("unknown_tool", "no such tool"), 0.0, None),
+    let (outcome, usage, executed) = match (shared.chain.before(&context, &work.call).await, registered) {
+        (HookVerdict::Skip(outcome), _) => (outcome, Usage::default(), None),
+        (HookVerdict::Run(_), None) => (ToolOutcome::failed("unknown_tool", "no such tool"), Usage::default(), None),
         (HookVerdict::Run(args), Some(registered)) => {
             let tool = &registered.tool;
             let tool_context = ToolContext {
@@ -91,20 +92,20 @@ pub async fn execute(shared: &PoolShared, work: WorkItem) -> ToolResult {
             let configured = shared.timeouts.get(tool.name()).copied();
             let limit = configured.or_else(|| tool.timeout()).unwrap_or(shared.default_timeout);
             let executed = args.clone();
-            let (outcome, cost_usd) = tokio::select! {
+            let (outcome, usage) = tokio::select! {
                 biased;
-                _ = work.cancel.cancelled() => (ToolOutcome::Interrupted, 0.0),
+                _ = work.cancel.cancelled() => (ToolOutcome::Interrupted, Usage::default()),
                 result = tokio::time::timeout(limit, tool.call(tool_context, args)) => match result {
-                    Ok(Ok(output)) => (ToolOutcome::Ok { value: output.value, fragments: output.fragments }, output.cost_usd),
-                    Ok(Err(error)) => (error.into_outcome(), 0.0),
-                    Err(_) => (ToolOutcome::failed("timeout", format!("no result after {limit:?}")), 0.0),
+                    Ok(Ok(output)) => (ToolOutcome::Ok { value: output.value, fragments: output.fragments }, output.usage),
+                    Ok(Err(error)) => (error.into_outcome(), Usage::default()),
+                    Err(_) => (ToolOutcome::failed("timeout", format!("no result after {limit:?}")), Usage::default()),
                 },
             };
-            (outcome, cost_usd, Some(executed))
+            (outcome, usage, Some(executed))
         }
     };
     let outcome = shared.chain.after(&context, &work.call, outcome).await;
-    let mut result = finish(shared, &work, outcome, started_at, clock.elapsed(), cost_usd);
+    let mut result = finish(shared, &work, outcome, started_at, clock.elapsed(), usage);
     // The record keeps what ran, and what the model asked for when a hook changed it.
     if let Some(executed) = executed.filter(|executed| *executed != result.record.args) {
         result.record.original_args = Some(std::mem::replace(&mut result.record.args, executed));

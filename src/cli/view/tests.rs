@@ -52,6 +52,7 @@ fn review(recommendation: Recommendation) -> EventKind {
             question: None,
             updated_plan: None,
             notes: "checked".to_owned(),
+            usage: Default::default(),
         }),
     }
 }

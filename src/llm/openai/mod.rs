@@ -204,6 +204,10 @@ impl OpenAiModel {
         if let Some(Secret(key)) = &settings.api_key {
             request = request.bearer_auth(key);
         }
+        // The call's span (`chat MODEL`) as the parent of the server's work.
+        let mut trace = reqwest::header::HeaderMap::new();
+        crate::otel::inject(&mut trace);
+        request = request.headers(trace);
         let response = match tokio::time::timeout(settings.first_byte_timeout, request.send()).await {
             Err(_) => {
                 return Attempt::Retry { error: ModelError::Timeout(settings.first_byte_timeout), after: None };

@@ -102,6 +102,7 @@ fn values_written_as_rows_and_events_are_serialized_once_and_read_back_unchanged
         question: None,
         updated_plan: Some(vec![item("3")]),
         notes: "line\nbreak".into(),
+        usage: Default::default(),
     };
     let kinds = vec![
         EventKind::ToolMetric { record: Box::new(record.clone()) },
