@@ -147,6 +147,12 @@ pub enum SessionMsg {
         /// The sub-run.
         reply: RpcReplyPort<Option<RunId>>,
     },
+    /// Commit the streamed pieces of `turn`'s reply held since the first of
+    /// them (sent to itself, `DELTA_WINDOW` after it).
+    FlushDeltas {
+        /// The turn.
+        turn: u32,
+    },
     /// Ask the model again for `turn`, after a pause that followed a provider
     /// failure (sent to itself).
     RetryModel {
@@ -280,7 +286,11 @@ impl Session {
         }
         match message {
             SessionMsg::Load => Ok(()),
-            SessionMsg::ModelDeltas { turn, inbox } => self.on_deltas(live, turn, inbox.take()).await,
+            SessionMsg::ModelDeltas { turn, inbox } => {
+                self.on_deltas(&myself, live, turn, inbox.take());
+                Ok(())
+            }
+            SessionMsg::FlushDeltas { turn } => self.flush_deltas(live, turn).await,
             SessionMsg::ModelDone { turn, result, elapsed } => {
                 self.on_model_done(&myself, live, turn, result, elapsed).await
             }

@@ -21,6 +21,11 @@ use crate::shared::over_budget;
 use crate::steps::{self, NextStep};
 use crate::store::StoreWrite;
 
+/// How long streamed pieces of a reply wait to be committed together: a reader
+/// sees the reply grow in steps this far apart at most (well under what reads as
+/// a pause), and a reply that streams in faster commits with its end.
+pub const DELTA_WINDOW: std::time::Duration = std::time::Duration::from_millis(20);
+
 impl Session {
     /// Starts turn `turn`: budget check, `turn_start`, commit, model call.
     pub(super) async fn start_turn(
@@ -200,19 +205,29 @@ impl Session {
 
     /// Commits the pieces of the reply that were waiting, adjacent pieces of the
     /// same kind (text, reasoning) joined into one `assistant_delta`.
-    pub(super) async fn on_deltas(
-        &self,
-        live: &mut Live,
-        turn: u32,
-        deltas: Vec<ModelDelta>,
-    ) -> Result<(), ActorProcessingErr> {
+    /// Takes streamed pieces of the reply: they commit [`DELTA_WINDOW`] after the
+    /// first of them, with those that came meanwhile, or sooner with the reply if
+    /// it is in by then (a fast model's whole reply costs one commit, not two).
+    pub(super) fn on_deltas(&self, myself: &ActorRef<SessionMsg>, live: &mut Live, turn: u32, deltas: Vec<ModelDelta>) {
         if !matches!(live.phase, Phase::Model { turn: current, .. } if current == turn) {
-            return Ok(());
+            return;
         }
         for (text, reasoning) in join_deltas(deltas) {
             live.outbox.emit(EventKind::AssistantDelta { turn, text, reasoning });
         }
-        live.outbox.flush(&self.shared).await?;
+        if !live.deltas_held {
+            live.deltas_held = true;
+            myself.send_after(DELTA_WINDOW, move || SessionMsg::FlushDeltas { turn });
+        }
+    }
+
+    /// Commits the pieces held since [`on_deltas`](Self::on_deltas), unless the
+    /// reply came first (and took them along).
+    pub(super) async fn flush_deltas(&self, live: &mut Live, turn: u32) -> Result<(), ActorProcessingErr> {
+        live.deltas_held = false;
+        if matches!(live.phase, Phase::Model { turn: current, .. } if current == turn) {
+            live.outbox.flush(&self.shared).await?;
+        }
         Ok(())
     }
 

@@ -127,6 +127,7 @@ impl Session {
             clarify: None,
             step: None,
             turn_span: tracing::Span::none(),
+            deltas_held: false,
         });
         if live.run.turn > 0 {
             live.turn_span = tracing::info_span!("turn", turn = live.run.turn);

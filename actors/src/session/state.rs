@@ -80,6 +80,8 @@ pub(super) struct Live {
     /// The current turn's span (a child of the run's): its model call, tool calls
     /// and review are its children.
     pub(super) turn_span: Span,
+    /// Streamed pieces of the reply wait in the outbox for a `FlushDeltas`.
+    pub(super) deltas_held: bool,
 }
 
 /// An agent step under way: what its `step_end` event reports.
