@@ -194,10 +194,11 @@ impl OpenAiModel {
     }
 
     /// One attempt at sending `body`, classified for the retry loop.
-    async fn send(&self, body: &Value) -> Attempt<reqwest::Response> {
+    async fn send(&self, body: &Bytes) -> Attempt<reqwest::Response> {
         let settings = &self.provider.settings;
         let url = format!("{}/chat/completions", settings.base_url.trim_end_matches('/'));
-        let mut request = self.provider.http.post(url).json(body);
+        let mut request =
+            self.provider.http.post(url).header(reqwest::header::CONTENT_TYPE, "application/json").body(body.clone());
         for (name, Secret(value)) in &settings.headers {
             request = request.header(name, value);
         }
@@ -268,7 +269,16 @@ impl ModelClient for OpenAiModel {
                 return Err(error);
             }
         };
-        let body = wire::request_body(&request, &self.settings.id, self.settings.stream);
+        // Encoded once, and the request and its JSON tree let go: a call waiting
+        // on a slow model holds one copy of its prompt (the bytes every attempt
+        // sends), not three.
+        let body = serde_json::to_vec(&wire::request_body(&request, &self.settings.id, self.settings.stream))
+            .map(Bytes::from)
+            .map_err(|error| ModelError::Decode(format!("the request could not be encoded: {error}")))?;
+        // Tools listed with tool choice `none` (the synthesis turn) may not be
+        // called: nothing in its text is read as a call.
+        let offered = request.tool_choice.callable(&request.tools);
+        drop(request);
         // The attempts retried; the one that ended the loop came after them.
         let mut retried = 0;
         let on_retry = |error: &ModelError, number: u32, delay: Duration| {
@@ -298,9 +308,7 @@ impl ModelClient for OpenAiModel {
             searched: 0,
             accumulator: Accumulator::default(),
             pending: VecDeque::new(),
-            // Tools listed with tool choice `none` (the synthesis turn) may not be
-            // called: nothing in its text is read as a call.
-            offered: request.tool_choice.callable(&request.tools),
+            offered,
             stream: self.settings.stream,
             provider: self.provider.clone(),
             model: self.settings.clone(),
