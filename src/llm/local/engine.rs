@@ -10,7 +10,7 @@
 //! model is kept.
 
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
@@ -47,12 +47,28 @@ fn backend() -> Result<&'static LlamaBackend, ModelError> {
         .map_err(|error| ModelError::Unavailable(format!("llama.cpp did not start: {error}")))
 }
 
-/// A loaded model, shared by every run.
+/// A loaded model, shared by every run. Dropped, it stops its thread and waits
+/// for it (at most one decode step): llama.cpp must not be decoding while the
+/// process tears down.
 pub struct Engine {
     settings: LocalSettings,
     model: Arc<LlamaModel>,
     sender: Mutex<Option<SyncSender<Work>>>,
     queued: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Without a sender the idle thread's wait ends too.
+        drop(self.sender.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take());
+        let thread = self.thread.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
+        if let Some(thread) = thread {
+            let _ = thread.join();
+        }
+    }
 }
 
 /// A request on its way to the engine thread.
@@ -79,7 +95,14 @@ impl Engine {
                 settings.path.display()
             )));
         }
-        Ok(Self { settings, model: Arc::new(model), sender: Mutex::new(None), queued: Arc::new(AtomicUsize::new(0)) })
+        Ok(Self {
+            settings,
+            model: Arc::new(model),
+            sender: Mutex::new(None),
+            queued: Arc::new(AtomicUsize::new(0)),
+            stop: Arc::new(AtomicBool::new(false)),
+            thread: Mutex::new(None),
+        })
     }
 
     /// Queues `job`; its reply streams to `out`. Fails at once when the queue is full.
@@ -123,13 +146,16 @@ impl Engine {
     fn start_thread(&self) -> Result<SyncSender<Work>, ModelError> {
         let (sender, receiver) = std::sync::mpsc::sync_channel(self.settings.config.queue_limit.max(1));
         let (model, settings, queued) = (self.model.clone(), self.settings.clone(), self.queued.clone());
-        std::thread::Builder::new()
+        let stop = self.stop.clone();
+        let thread = std::thread::Builder::new()
             .name("troupe-local-model".to_owned())
             // llama.cpp matches the grammar's trigger patterns with std::regex,
             // which recurses per character of the output: room for long replies.
             .stack_size(32 << 20)
-            .spawn(move || run(&model, &settings, &receiver, &queued))
+            .spawn(move || run(&model, &settings, &receiver, &queued, &stop))
             .map_err(|error| ModelError::Unavailable(format!("cannot start the engine thread: {error}")))?;
+        // A thread started again replaces one that died.
+        *self.thread.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(thread);
         Ok(sender)
     }
 }
@@ -178,7 +204,13 @@ const MIN_REPLY: usize = 64;
 /// Tokens that end a reply even when the model does not emit an end-of-turn token.
 const STOPS: &[&str] = &["<|im_end|>", "<|im_start|>", "<|endoftext|>"];
 
-fn run(model: &LlamaModel, settings: &LocalSettings, receiver: &Receiver<Work>, queued: &AtomicUsize) {
+fn run(
+    model: &LlamaModel,
+    settings: &LocalSettings,
+    receiver: &Receiver<Work>,
+    queued: &AtomicUsize,
+    stop: &AtomicBool,
+) {
     let Ok(backend) = backend() else { return };
     let threads = i32::try_from(settings.threads).unwrap_or(1);
     let parallel = settings.config.parallel.max(1);
@@ -207,6 +239,11 @@ fn run(model: &LlamaModel, settings: &LocalSettings, receiver: &Receiver<Work>, 
     let mut clock = 0u64;
     let openers = Arc::new(call_openers(model));
     loop {
+        // The engine was dropped: requests still decoding end here (their
+        // callers see the stream end).
+        if stop.load(Ordering::SeqCst) {
+            return;
+        }
         // Take new requests while a sequence is free; wait for one when all are idle.
         while slots.iter().any(|slot| slot.active.is_none()) {
             let idle = slots.iter().all(|slot| slot.active.is_none());
