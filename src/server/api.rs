@@ -24,6 +24,7 @@ use utoipa::{IntoParams, ToSchema};
 use super::auth::Tenant;
 use super::error::{ApiError, ErrorBody};
 use super::incidents;
+use super::quota::tighter;
 use super::state::{AppState, owned_run};
 
 /// Longest listing.
@@ -366,20 +367,13 @@ impl From<&Limits> for LimitsBody {
 
 /// The agent's limits, each lowered to the request's where it asks for less.
 fn lowered(agent: &Limits, wanted: &LimitsBody) -> Limits {
-    let min_option = |agent: Option<f64>, wanted: Option<f64>| match (agent, wanted) {
-        (Some(a), Some(w)) => Some(a.min(w)),
-        (a, w) => a.or(w),
-    };
     Limits {
         max_turns: wanted.max_turns.map_or(agent.max_turns, |turns| turns.min(agent.max_turns)),
         max_parallel_tools: wanted
             .max_parallel_tools
             .map_or(agent.max_parallel_tools, |parallel| parallel.min(agent.max_parallel_tools)),
-        max_tokens: match (agent.max_tokens, wanted.max_tokens) {
-            (Some(a), Some(w)) => Some(a.min(w)),
-            (a, w) => a.or(w),
-        },
-        max_cost_usd: min_option(agent.max_cost_usd, wanted.max_cost_usd),
+        max_tokens: tighter(agent.max_tokens, wanted.max_tokens),
+        max_cost_usd: tighter(agent.max_cost_usd, wanted.max_cost_usd),
     }
 }
 

@@ -100,8 +100,8 @@ impl QuotaConfig {
         let left_tokens = quota.tokens.map(|max| max.saturating_sub(spent.total_tokens()));
         let left_cost = quota.cost_usd.map(|max| max - spent.cost_usd);
         Ok(Some(Limits {
-            max_tokens: lower(limits.max_tokens, left_tokens),
-            max_cost_usd: lower(limits.max_cost_usd, left_cost),
+            max_tokens: tighter(limits.max_tokens, left_tokens),
+            max_cost_usd: tighter(limits.max_cost_usd, left_cost),
             ..limits
         }))
     }
@@ -118,10 +118,11 @@ fn spent_quota(quota: Quota, spent: &Usage) -> Option<&'static str> {
     }
 }
 
-fn lower<T: PartialOrd>(limit: Option<T>, left: Option<T>) -> Option<T> {
-    match (limit, left) {
-        (Some(limit), Some(left)) => Some(if left < limit { left } else { limit }),
-        (limit, left) => limit.or(left),
+/// The tighter of two optional bounds (`None`: unbounded).
+pub(super) fn tighter<T: PartialOrd>(a: Option<T>, b: Option<T>) -> Option<T> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(if b < a { b } else { a }),
+        (a, b) => a.or(b),
     }
 }
 
