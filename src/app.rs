@@ -18,7 +18,7 @@ use crate::llm::local as local_model;
 use crate::llm::{LOCAL, OFFLINE, build_models};
 use crate::mcp::McpHub;
 use crate::server::Auth;
-use crate::store::SqlStore;
+use crate::store::{ClusterOptions, SqlStore};
 
 /// The command an [`App`] is built for: what it needs differs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,9 +77,19 @@ impl App {
             _ => None,
         };
         let store_url = config.store_url();
-        let store = SqlStore::connect(&store_url)
-            .await
-            .with_context(|| format!("cannot open the store at {}", redact_url(&store_url)))?;
+        let store = match purpose {
+            Purpose::Serve { .. } if config.cluster.enabled => {
+                let (lease, heartbeat, _) = config.cluster.timing().map_err(anyhow::Error::msg)?;
+                let node_name = match config.cluster.node_name.trim() {
+                    "" => host_name(),
+                    name => name.to_owned(),
+                };
+                let options = ClusterOptions { node_name, lease };
+                SqlStore::connect_cluster(&store_url, &options, heartbeat).await
+            }
+            _ => SqlStore::connect(&store_url).await,
+        }
+        .with_context(|| format!("cannot open the store at {}", redact_url(&store_url)))?;
         // MCP servers start once this process owns the store (a refused start spawns none).
         let mcp = match purpose {
             Purpose::Gc => McpHub::empty(),
@@ -148,10 +158,14 @@ impl App {
         config.server.connection_timeouts()?;
         crate::server::check_config(&config.server)?;
         config.quotas.check().map_err(anyhow::Error::msg)?;
+        config.cluster.timing().map_err(anyhow::Error::msg)?;
         let mcp_servers = config.mcp.servers(|name| env.var(name))?.len();
         let store_url = config.store_url();
         if !["sqlite:", "postgres:", "postgresql:"].iter().any(|scheme| store_url.starts_with(scheme)) {
             anyhow::bail!("store.url {} is neither sqlite: nor postgres:", redact_url(&store_url));
+        }
+        if config.cluster.enabled && store_url.starts_with("sqlite:") {
+            anyhow::bail!("cluster.enabled needs a PostgreSQL store: SQLite is single-node");
         }
         let mut warnings = Vec::new();
         if let Err(error) = Auth::new(&config.auth, env.api_tokens.as_deref()) {
@@ -234,6 +248,15 @@ pub fn load_agents(folder: Option<&Path>) -> anyhow::Result<Vec<AgentConfig>> {
 
 /// `url` without its password (in the authority or a `password=` parameter), for
 /// messages.
+/// The machine's host name (a node's default name), or `troupe` if it has none.
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|name| name.trim().to_owned())
+        .ok()
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "troupe".to_owned())
+}
+
 fn redact_url(url: &str) -> String {
     let (base, query) = url.split_once('?').map_or((url, None), |(base, query)| (base, Some(query)));
     let base = match (base.find("://"), base.rfind('@')) {

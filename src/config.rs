@@ -53,6 +53,8 @@ pub struct Config {
     pub email: EmailConfig,
     /// What a tenant may spend per day.
     pub quotas: QuotaConfig,
+    /// Several daemons on one PostgreSQL store.
+    pub cluster: ClusterConfig,
 }
 
 impl Default for Config {
@@ -71,6 +73,7 @@ impl Default for Config {
             mcp: McpConfig::default(),
             email: EmailConfig::default(),
             quotas: QuotaConfig::default(),
+            cluster: ClusterConfig::default(),
         }
     }
 }
@@ -93,6 +96,55 @@ pub struct StoreConfig {
 impl Default for StoreConfig {
     fn default() -> Self {
         Self { url: None, retention_days: 30.0, gc_batch: 500, gc_interval: 3600.0 }
+    }
+}
+
+/// Several daemons sharing one PostgreSQL store, each driving the runs it owns.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// Whether this daemon shares its store with others (PostgreSQL only).
+    pub enabled: bool,
+    /// Seconds a node holds its runs without renewing: a node that stops is
+    /// replaced this long after its last renewal at most.
+    pub lease: f64,
+    /// Seconds between renewals of the lease.
+    pub heartbeat: f64,
+    /// Seconds between looks for runs no live node drives.
+    pub claim_interval: f64,
+    /// The node's name in logs and in `cluster_nodes`; empty: the host name.
+    pub node_name: String,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        Self { enabled: false, lease: 5.0, heartbeat: 1.0, claim_interval: 0.5, node_name: String::new() }
+    }
+}
+
+impl ClusterConfig {
+    /// The lease, the heartbeat and the claim interval, checked: positive, and a
+    /// heartbeat of at most a third of the lease (two renewals may fail before
+    /// the lease runs out).
+    pub fn timing(&self) -> Result<(std::time::Duration, std::time::Duration, std::time::Duration), String> {
+        let seconds = |name: &str, value: f64| {
+            std::time::Duration::try_from_secs_f64(value)
+                .ok()
+                .filter(|value| !value.is_zero())
+                .ok_or_else(|| format!("cluster.{name} must be a positive number of seconds"))
+        };
+        let (lease, heartbeat, claim) = (
+            seconds("lease", self.lease)?,
+            seconds("heartbeat", self.heartbeat)?,
+            seconds("claim_interval", self.claim_interval)?,
+        );
+        if heartbeat * 3 > lease {
+            return Err(format!(
+                "cluster.heartbeat ({} s) must be at most a third of cluster.lease ({} s)",
+                self.heartbeat, self.lease
+            ));
+        }
+        Ok((lease, heartbeat, claim))
     }
 }
 

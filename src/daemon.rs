@@ -7,6 +7,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio_util::sync::CancellationToken;
@@ -15,6 +16,7 @@ use troupe_actors::config::RuntimeConfig;
 use troupe_actors::{Deps, Runtime};
 
 use crate::server::{self, AppState, Auth, ConnectionTimeouts, QuotaConfig, ServerConfig};
+use crate::store::Membership;
 
 /// What `serve` runs.
 pub struct Daemon {
@@ -30,6 +32,8 @@ pub struct Daemon {
     pub deps: Deps,
     /// Renders `/metrics`; `None` leaves it out.
     pub prometheus: Option<PrometheusHandle>,
+    /// This daemon as a node of a cluster, and how often it looks for orphaned runs.
+    pub cluster: Option<(Membership, Duration)>,
 }
 
 impl Daemon {
@@ -46,8 +50,15 @@ impl Daemon {
         // Bound first: a port in use fails here, before any run is resumed.
         let (listener, local) = server::bind(&self.server.bind).await?;
         let runtime = Arc::new(Runtime::start(self.runtime, self.deps).await?);
+        let cluster = self.cluster.map(|(membership, claim_interval)| {
+            runtime.follow_remote_runs();
+            info!(node = %membership.node.id, name = %membership.node.name, "joined the cluster");
+            let tasks = crate::node::spawn(membership.clone(), runtime.clone(), claim_interval, shutdown.clone());
+            (membership, tasks)
+        });
         let state =
-            AppState::new(runtime.clone(), self.auth, self.server, self.quotas, self.prometheus, shutdown.clone())?;
+            AppState::new(runtime.clone(), self.auth, self.server, self.quotas, self.prometheus, shutdown.clone())?
+                .in_cluster(cluster.as_ref().map(|(membership, _)| membership.clone()));
         ready(local);
         // A runtime that stops by itself (its shared actors crashed too often) takes
         // no more runs: the daemon stops serving and exits non-zero, for its service
@@ -70,6 +81,21 @@ impl Daemon {
         watch.abort();
         info!("stopping the runtime");
         runtime.shutdown(timing.shutdown_timeout).await;
+        if let Some((membership, tasks)) = cluster {
+            tasks.abort();
+            if membership.lost.is_cancelled() {
+                anyhow::bail!(
+                    "this node lost its lease on the store (it was paused or cut off for longer than cluster.lease); \
+                     other nodes took its runs over: start it again to rejoin"
+                );
+            }
+            match membership.node.leave(&membership.pool).await {
+                Ok(runs) => info!(runs, "left the cluster; its runs go to the other nodes"),
+                Err(error) => {
+                    warn!(%error, "could not leave the cluster; other nodes take its runs once its lease expires")
+                }
+            }
+        }
         info!("stopped");
         if melted.load(std::sync::atomic::Ordering::SeqCst) {
             anyhow::bail!("the runtime stopped after its shared actors crashed too often (supervisor meltdown)");

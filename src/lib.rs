@@ -21,6 +21,7 @@ pub mod env;
 pub mod eval;
 pub mod llm;
 pub mod mcp;
+pub mod node;
 pub mod otel;
 pub mod reasoning;
 pub mod server;

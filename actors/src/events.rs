@@ -24,12 +24,24 @@ pub struct EventHub {
     capacity: usize,
     /// Set by `close_all`: nothing will be published any more.
     closed: std::sync::atomic::AtomicBool,
+    /// Set when other processes drive runs of the same store (a cluster): a
+    /// subscriber whose channel closes before its run ended keeps following it
+    /// (another node may drive it now), woken by [`EventHub::nudge`].
+    remote: std::sync::atomic::AtomicBool,
 }
+
+/// The seq of a nudge: not an event, a sign that the store has new ones.
+const NUDGE: u64 = u64::MAX;
 
 impl EventHub {
     /// A hub whose channels buffer `capacity` events per run.
     pub fn new(capacity: usize) -> Self {
-        Self { channels: DashMap::new(), capacity: capacity.max(1), closed: Default::default() }
+        Self {
+            channels: DashMap::new(),
+            capacity: capacity.max(1),
+            closed: Default::default(),
+            remote: Default::default(),
+        }
     }
 
     /// Whether anyone listens to `run_id` (publishing is free otherwise).
@@ -47,6 +59,35 @@ impl EventHub {
         }
     }
 
+    /// Runs of this store may be driven by other processes (see `remote`).
+    pub fn follow_remote_runs(&self) {
+        self.remote.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Tells the run's subscribers that the store holds events they have not
+    /// seen (committed by another process): each reads them from the store.
+    pub fn nudge(&self, run_id: RunId) {
+        if let Some(sender) = self.channels.get(&run_id).filter(|sender| sender.receiver_count() > 0) {
+            let kind = EventKind::Error { code: String::new(), message: String::new() };
+            let _ = sender.send(Arc::new(RunEvent {
+                run_id,
+                seq: NUDGE,
+                ts: chrono::Utc::now(),
+                parent_run_id: None,
+                kind,
+            }));
+        }
+    }
+
+    /// [`EventHub::nudge`]s every run with a subscriber (notifications may have
+    /// been missed).
+    pub fn nudge_all(&self) {
+        let runs: Vec<RunId> = self.channels.iter().map(|entry| *entry.key()).collect();
+        for run_id in runs {
+            self.nudge(run_id);
+        }
+    }
+
     /// Ends the run's channel: subscribers drain what is buffered, then finish.
     pub fn close(&self, run_id: RunId) {
         self.channels.remove(&run_id);
@@ -58,6 +99,10 @@ impl EventHub {
     pub fn close_all(&self) {
         self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
         self.channels.clear();
+    }
+
+    fn follows_remote(&self) -> bool {
+        self.remote.load(std::sync::atomic::Ordering::SeqCst) && !self.closed.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     fn receiver(&self, run_id: RunId) -> broadcast::Receiver<Arc<RunEvent>> {
@@ -114,6 +159,10 @@ impl Cursor {
     async fn next(&mut self) -> Result<Option<Arc<RunEvent>>, StoreError> {
         loop {
             if let Some(event) = self.backlog.pop_front() {
+                if event.seq == NUDGE {
+                    self.stale = true;
+                    continue;
+                }
                 if event.seq <= self.last {
                     continue;
                 }
@@ -156,6 +205,13 @@ impl Cursor {
                 }
             }
             let Some(receiver) = self.receiver.as_mut() else {
+                if self.hub.follows_remote() {
+                    // The session here stopped before the run ended: another
+                    // node drives it now (or will), and nudges bring its events.
+                    self.receiver = Some(self.hub.receiver(self.run_id));
+                    self.stale = true;
+                    continue;
+                }
                 // The channel is gone and the store has nothing more: the run's
                 // session stopped (shutdown) before the run ended.
                 self.finish();

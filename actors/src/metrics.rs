@@ -69,6 +69,16 @@ pub const GEN_AI_CLIENT_OPERATION_DURATION_SECONDS: &str = "gen_ai_client_operat
 /// OpenTelemetry GenAI: tokens per model call, by model and token type (input, output).
 pub const GEN_AI_CLIENT_TOKEN_USAGE: &str = "gen_ai_client_token_usage";
 
+/// Runs this node owns in a cluster (several daemons on one PostgreSQL).
+pub const CLUSTER_LEASES_HELD: &str = "troupe_cluster_leases_held";
+/// Runs this node claimed, by kind (`orphaned`: its owner stopped renewing its
+/// lease or gave it up; `start`: left by this node's earlier process).
+pub const CLUSTER_CLAIMS_TOTAL: &str = "troupe_cluster_claims_total";
+/// Runs this node took over from a node that stopped without giving them up.
+pub const CLUSTER_TAKEOVERS_TOTAL: &str = "troupe_cluster_takeovers_total";
+/// Commits refused because another node owns their run now.
+pub const CLUSTER_FENCED_COMMITS_TOTAL: &str = "troupe_cluster_fenced_commits_total";
+
 /// HTTP requests answered, by method, route template and status code.
 pub const HTTP_REQUESTS_TOTAL: &str = "troupe_http_requests_total";
 /// Time to answer an HTTP request (to the response head), by method and route.
@@ -248,11 +258,32 @@ pub fn sse_rejected(scope: &'static str) {
     counter!(SSE_REJECTED_TOTAL, "scope" => scope).increment(1);
 }
 
+/// Runs this node owns now.
+pub fn cluster_leases_held(count: usize) {
+    gauge!(CLUSTER_LEASES_HELD).set(count as f64);
+}
+
+/// This node claimed `count` runs; `takeovers` of them were held by a node whose
+/// lease had expired.
+pub fn cluster_claimed(count: usize, takeovers: usize) {
+    counter!(CLUSTER_CLAIMS_TOTAL).increment(count as u64);
+    counter!(CLUSTER_TAKEOVERS_TOTAL).increment(takeovers as u64);
+}
+
+/// Commits of `count` runs were refused: another node owns them now.
+pub fn cluster_fenced(count: usize) {
+    counter!(CLUSTER_FENCED_COMMITS_TOTAL).increment(count as u64);
+}
+
 /// Registers the help text of every metric with the installed recorder, so the
 /// exposition carries `# HELP` lines. Call once after installing a recorder.
 pub fn describe() {
     use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     describe_counter!(RUNS_STARTED_TOTAL, "Runs accepted, by agent.");
+    describe_gauge!(CLUSTER_LEASES_HELD, "Runs this node owns (several daemons on one PostgreSQL).");
+    describe_counter!(CLUSTER_CLAIMS_TOTAL, "Unfinished runs this node claimed from a stopped or departed node.");
+    describe_counter!(CLUSTER_TAKEOVERS_TOTAL, "Runs this node took over from a node whose lease expired.");
+    describe_counter!(CLUSTER_FENCED_COMMITS_TOTAL, "Commits refused because another node owns their run now.");
     describe_counter!(RUNS_FINISHED_TOTAL, "Runs that reached a terminal state, by agent and status.");
     describe_gauge!(RUNS_ACTIVE, "Runs with a live session.");
     describe_gauge!(RUNS_QUEUED, "Runs waiting in the run queue for a slot.");

@@ -307,6 +307,10 @@ pub enum StoreError {
     /// No such thread.
     #[error("thread {0} not found")]
     ThreadNotFound(ThreadId),
+    /// This process no longer owns the run (several daemons share the store and
+    /// another one took it over): nothing of the commit was written.
+    #[error("run {0} is driven by another node now; this node may no longer write it")]
+    Fenced(RunId),
     /// The backend failed.
     #[error("store backend error: {0}")]
     Backend(String),

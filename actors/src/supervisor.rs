@@ -24,7 +24,7 @@ use crate::protocol::{RunId, RunStatus};
 use crate::reviewer::Reviewer;
 use crate::session::{Session, SessionArgs, SessionMsg};
 use crate::shared::{RuntimeShared, end_run};
-use crate::store::RunSnapshot;
+use crate::store::{RunSnapshot, StoreError};
 use crate::tool_pool::ToolPool;
 
 /// The refs of the shared actors live with the shared state; kept here under their old path.
@@ -209,6 +209,12 @@ impl Actor for Supervisor {
             SupervisionEvent::ActorFailed(cell, reason) => {
                 let id = cell.get_id();
                 if let Some(run_id) = state.sessions.remove(&id) {
+                    if let Some(StoreError::Fenced(_)) = reason.downcast_ref::<StoreError>() {
+                        // Another node drives the run now: this one lets it go
+                        // without restarting or ending it.
+                        self.fenced(state, run_id);
+                        return Ok(());
+                    }
                     self.session_failed(&myself, state, run_id, reason.to_string()).await;
                 } else if id == state.tool_pool.get_id() {
                     self.shared_failed(state, "tool_pool", &reason.to_string())?;
@@ -251,6 +257,16 @@ impl Supervisor {
         let (reviewer, _) = Actor::spawn_linked(None, reviewer, (), myself.get_cell()).await?;
         self.shared.handles.set_reviewer(Some(reviewer.clone()));
         Ok(reviewer.get_cell())
+    }
+
+    /// Forgets a run whose commit was fenced: another node took it over (this one
+    /// lost its lease), so its session stopped and its streams here end (clients
+    /// resume from the store, on any node).
+    fn fenced(&self, state: &mut SupervisorState, run_id: RunId) {
+        state.runs.remove(&run_id);
+        metrics::runs_active(state.runs.len());
+        warn!(run_id = %run_id, "the run is driven by another node now; its session here stopped");
+        self.shared.hub.close(run_id);
     }
 
     /// Restarts a failed session, or fails its run after too many restarts.

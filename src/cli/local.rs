@@ -16,6 +16,7 @@ use crate::cli::demo::{self, DemoArgs};
 use crate::config::Config;
 use crate::daemon::Daemon;
 use crate::server::Auth;
+use crate::store::Membership;
 
 /// A command that runs on an [`App`].
 pub enum Local {
@@ -38,8 +39,9 @@ pub async fn run(app: App, command: Local) -> anyhow::Result<ExitCode> {
     let outcome = match command {
         Local::Serve => {
             let auth = auth.context("serve has its auth")?;
+            let membership = store.membership();
             let deps = Deps { store: Arc::new(store), models, tools, hooks: Vec::new(), agents };
-            serve(config, auth, deps).await?;
+            serve(config, auth, deps, membership).await?;
             Ok(ExitCode::SUCCESS)
         }
         Local::Demo(args) => {
@@ -76,8 +78,14 @@ async fn gc(config: &Config, store: &impl RunStore, older_than_days: Option<f64>
 }
 
 /// `troupe serve` until SIGTERM or Ctrl-C; a second signal exits at once.
-async fn serve(config: Config, auth: Auth, deps: Deps) -> anyhow::Result<()> {
-    let prometheus = crate::server::install_prometheus().context("cannot install the metrics recorder")?;
+async fn serve(config: Config, auth: Auth, deps: Deps, membership: Option<Membership>) -> anyhow::Result<()> {
+    let cluster = match membership {
+        Some(membership) => Some((membership, config.cluster.timing().map_err(anyhow::Error::msg)?.2)),
+        None => None,
+    };
+    let node = cluster.as_ref().map(|(membership, _)| membership.node.name.clone());
+    let prometheus =
+        crate::server::install_prometheus(node.as_deref()).context("cannot install the metrics recorder")?;
     let shutdown = CancellationToken::new();
     let signals = shutdown.clone();
     tokio::spawn(async move {
@@ -111,6 +119,7 @@ async fn serve(config: Config, auth: Auth, deps: Deps) -> anyhow::Result<()> {
         auth,
         deps,
         prometheus: Some(prometheus),
+        cluster,
     };
     daemon
         .run(shutdown, |address| {

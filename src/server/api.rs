@@ -23,6 +23,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::auth::Tenant;
 use super::error::{ApiError, ErrorBody};
+use super::forward::{self, Command};
 use super::incidents;
 use super::quota::tighter;
 use super::state::{AppState, owned_run};
@@ -552,7 +553,11 @@ pub(super) async fn run_input(
     let Path(id) = path?;
     let run = owned_run(&state, &tenant, &id).await?;
     let Json(body) = body?;
-    state.inner.runtime.input(run.run_id, body.into_input()?).await?;
+    let input = body.into_input()?;
+    match forward::elsewhere(state.inner.cluster.as_ref(), run.run_id) {
+        Some(cluster) if !run.status.is_terminal() => forward::forward(cluster, run.run_id, input.into()).await?,
+        _ => state.inner.runtime.input(run.run_id, input).await?,
+    }
     let run = state.inner.runtime.get(run.run_id).await?.ok_or_else(ApiError::run_not_found)?;
     Ok((StatusCode::ACCEPTED, Json(RunView::from(run))).into_response())
 }
@@ -601,7 +606,10 @@ pub(super) async fn cancel_run(
 ) -> Result<Json<RunView>, ApiError> {
     let Path(id) = path?;
     let run = owned_run(&state, &tenant, &id).await?;
-    state.inner.runtime.cancel(run.run_id).await?;
+    match forward::elsewhere(state.inner.cluster.as_ref(), run.run_id) {
+        Some(cluster) if !run.status.is_terminal() => forward::forward(cluster, run.run_id, Command::Cancel).await?,
+        _ => state.inner.runtime.cancel(run.run_id).await?,
+    }
     let run = state.inner.runtime.get(run.run_id).await?.ok_or_else(ApiError::run_not_found)?;
     Ok(Json(run.into()))
 }

@@ -26,6 +26,7 @@ mod auth;
 mod body;
 mod config;
 mod error;
+mod forward;
 mod incidents;
 mod quota;
 mod routes;
@@ -65,6 +66,7 @@ pub mod api_types {
 pub use auth::{Auth, AuthConfig, AuthError, TokenConfig, hash_token};
 pub use config::{ConnectionTimeouts, ServeError, ServerConfig};
 pub use error::ApiError;
+pub use forward::{COMMAND_CHANNEL, apply_commands};
 pub use quota::{QuotaConfig, TenantQuota};
 pub use state::{AppState, check_config};
 pub use telemetry::install_prometheus;

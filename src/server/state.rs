@@ -19,6 +19,7 @@ use super::error::ApiError;
 use super::quota::QuotaConfig;
 use super::slots::StreamSlots;
 use super::throttle::LogThrottle;
+use crate::store::Membership;
 
 /// What every handler shares.
 #[derive(Clone)]
@@ -40,6 +41,9 @@ pub(super) struct Inner {
     pub(super) shutdown: CancellationToken,
     /// The lines about refused requests and cut streams a client can cause.
     pub(super) throttle: LogThrottle,
+    /// This daemon as a node of a cluster: requests about runs other nodes
+    /// drive go to them (see `forward.rs`).
+    pub(super) cluster: Option<Membership>,
 }
 
 impl AppState {
@@ -59,9 +63,28 @@ impl AppState {
         let metrics_token = metrics_token(&config)?;
         let streams = StreamSlots::new(config.max_sse_clients, config.max_sse_clients_per_tenant);
         let throttle = LogThrottle::default();
-        let inner =
-            Inner { runtime, auth, config, quotas, timing, prometheus, metrics_token, streams, shutdown, throttle };
+        let inner = Inner {
+            runtime,
+            auth,
+            config,
+            quotas,
+            timing,
+            prometheus,
+            metrics_token,
+            streams,
+            shutdown,
+            throttle,
+            cluster: None,
+        };
         Ok(Self { inner: Arc::new(inner) })
+    }
+
+    /// The same state for a node of a cluster.
+    pub fn in_cluster(mut self, membership: Option<Membership>) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.cluster = membership;
+        }
+        self
     }
 }
 

@@ -13,9 +13,14 @@ use troupe_actors::metrics;
 
 /// Installs the process-wide Prometheus recorder, with explicit buckets for every
 /// histogram (so none renders as a summary), and starts its upkeep task (which
-/// `install_recorder` does not). Call once, inside a Tokio runtime.
-pub fn install_prometheus() -> Result<PrometheusHandle, BuildError> {
-    let handle = PrometheusBuilder::new()
+/// `install_recorder` does not); a node of a cluster labels every series with its
+/// name (`node`). Call once, inside a Tokio runtime.
+pub fn install_prometheus(node: Option<&str>) -> Result<PrometheusHandle, BuildError> {
+    let mut builder = PrometheusBuilder::new();
+    if let Some(node) = node {
+        builder = builder.add_global_label("node", node);
+    }
+    let handle = builder
         .set_buckets(metrics::DURATION_BUCKETS)?
         .set_buckets_for_metric(Matcher::Full(metrics::REVIEW_SCORE.to_owned()), metrics::SCORE_BUCKETS)?
         .set_buckets_for_metric(Matcher::Full(metrics::GEN_AI_CLIENT_TOKEN_USAGE.to_owned()), metrics::TOKEN_BUCKETS)?

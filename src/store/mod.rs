@@ -53,12 +53,14 @@ use troupe_actors::store::{
     ThreadStore, ThreadSummary,
 };
 
+pub use crate::store::cluster::{ClusterOptions, Node};
 use crate::store::encode::{read_batch, stamp};
 use crate::store::group::Job;
 use crate::store::sql::{Columns, Pool, backend, parse, time};
 use crate::store::writer::Writer;
 
 mod binding;
+pub mod cluster;
 mod encode;
 mod group;
 mod read;
@@ -88,6 +90,7 @@ const POSTGRES_MIGRATIONS: &[(i64, &str)] = &[
     (7, include_str!("../../migrations/postgres/0007_run_keys.sql")),
     (8, include_str!("../../migrations/postgres/0008_threads.sql")),
     (9, include_str!("../../migrations/postgres/0009_traceparent.sql")),
+    (10, include_str!("../../migrations/postgres/0010_cluster.sql")),
 ];
 
 /// The page size of a SQLite database the store creates.
@@ -133,8 +136,41 @@ pub struct SqlStore {
     pool: Pool,
     /// Every write (run creations and commits) goes through the one writer task.
     writer: Writer,
-    /// This process's exclusive claim on the store, held while any clone lives.
+    /// This process's claim on the store, held while any clone lives: exclusive,
+    /// or shared by the nodes of a cluster.
     _owner: Arc<Owner>,
+    /// This process as a node of a cluster (PostgreSQL only).
+    node: Option<Arc<Node>>,
+    /// Cancelled when the node lost its lease.
+    lost: tokio_util::sync::CancellationToken,
+    /// Stops the node's heartbeat once the last clone is dropped.
+    _heartbeat: Arc<HeartbeatGuard>,
+}
+
+/// Cancels its token when dropped.
+struct HeartbeatGuard(tokio_util::sync::CancellationToken);
+
+impl HeartbeatGuard {
+    fn token(&self) -> tokio_util::sync::CancellationToken {
+        self.0.clone()
+    }
+}
+
+impl Drop for HeartbeatGuard {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
+
+/// What the daemon needs of a store it shares with other nodes.
+#[derive(Clone)]
+pub struct Membership {
+    /// This node.
+    pub node: Arc<Node>,
+    /// The store's pool (claims, notifications, leaving).
+    pub pool: sqlx::PgPool,
+    /// Cancelled when the node lost its lease: it must stop.
+    pub lost: tokio_util::sync::CancellationToken,
 }
 
 /// What makes a process the only one driving a store's runs: every process
@@ -149,10 +185,13 @@ enum Owner {
 
 /// The advisory lock key of a troupe store ("troupe" in ASCII).
 const OWNER_LOCK: i64 = 0x74_72_6f_75_70_65;
+/// The advisory lock key taken while migrating ("troupeM").
+const MIGRATION_LOCK: i64 = 0x74_72_6f_75_70_65_4d;
 
 fn already_owned(what: &str) -> StoreError {
     StoreError::Backend(format!(
-        "another troupe process is using {what}; one process drives a store at a time (stop it, or use another store)"
+        "another troupe process is using {what}; one process drives a store at a time (stop it, or use another store; \
+         several daemons share a PostgreSQL store only with [cluster] enabled on each)"
     ))
 }
 
@@ -160,6 +199,36 @@ impl SqlStore {
     /// Connects to `url` (`sqlite://PATH` or `postgres://…`) and applies the
     /// migrations. A SQLite file and its folder are created if missing.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        Self::open(url, None).await
+    }
+
+    /// Connects to the PostgreSQL store at `url` as a node of a cluster: other
+    /// daemons may use it at the same time, each driving the runs it owns (see
+    /// `cluster.rs`). The node joins with a lease, renewed every `heartbeat`
+    /// until the store is dropped; [`SqlStore::membership`] tells when it is lost.
+    pub async fn connect_cluster(url: &str, options: &ClusterOptions, heartbeat: Duration) -> Result<Self, StoreError> {
+        if !(url.starts_with("postgres:") || url.starts_with("postgresql:")) {
+            return Err(StoreError::Backend(
+                "a cluster needs a PostgreSQL store (cluster.enabled with a SQLite store): SQLite is single-node"
+                    .to_owned(),
+            ));
+        }
+        let store = Self::open(url, Some(options)).await?;
+        if let (Some(node), Pool::Postgres(pool)) = (&store.node, &store.pool) {
+            node.join(pool).await?;
+            let dropped = store._heartbeat.token();
+            tokio::spawn(cluster::heartbeat(node.clone(), pool.clone(), heartbeat, store.lost.clone(), dropped));
+        }
+        Ok(store)
+    }
+
+    /// This node of a cluster, if the store was opened as one.
+    pub fn membership(&self) -> Option<Membership> {
+        let (Some(node), Pool::Postgres(pool)) = (&self.node, &self.pool) else { return None };
+        Some(Membership { node: node.clone(), pool: pool.clone(), lost: self.lost.clone() })
+    }
+
+    async fn open(url: &str, cluster: Option<&ClusterOptions>) -> Result<Self, StoreError> {
         // The writer has a pool of one connection of its own: every group runs on
         // the same connection, so its statements stay prepared (a shared pool
         // hands out its connections in turn, each preparing every shape again),
@@ -234,11 +303,21 @@ impl SqlStore {
             let pool = PgPoolOptions::new().max_connections(16).acquire_timeout(Duration::from_secs(10));
             let pool = pool.connect(url).await.map_err(backend)?;
             let mut owner = pool.acquire().await.map_err(backend)?;
-            let owned: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
-                .bind(OWNER_LOCK)
-                .fetch_one(&mut *owner)
-                .await
-                .map_err(backend)?;
+            // A single process takes the lock alone; the nodes of a cluster share it.
+            let lock = if cluster.is_some() {
+                "SELECT pg_try_advisory_lock_shared($1)"
+            } else {
+                "SELECT pg_try_advisory_lock($1)"
+            };
+            let owned: bool =
+                sqlx::query_scalar(lock).bind(OWNER_LOCK).fetch_one(&mut *owner).await.map_err(backend)?;
+            if !owned && cluster.is_some() {
+                return Err(StoreError::Backend(
+                    "a troupe process without [cluster] drives this PostgreSQL database alone; stop it, or enable \
+                     cluster on it too"
+                        .to_owned(),
+                ));
+            }
             if !owned {
                 return Err(already_owned("this PostgreSQL database"));
             }
@@ -248,7 +327,18 @@ impl SqlStore {
         } else {
             return Err(StoreError::Backend(format!("unsupported store URL {url:?}: use sqlite://… or postgres://…")));
         };
-        let store = Self { writer: Writer::spawn(writer_pool), pool, _owner: Arc::new(owner) };
+        let node = match (&pool, cluster) {
+            (Pool::Postgres(_), Some(options)) => Some(Arc::new(Node::new(options))),
+            _ => None,
+        };
+        let store = Self {
+            writer: Writer::spawn(writer_pool, node.clone()),
+            pool,
+            _owner: Arc::new(owner),
+            node,
+            lost: tokio_util::sync::CancellationToken::new(),
+            _heartbeat: Arc::new(HeartbeatGuard(tokio_util::sync::CancellationToken::new())),
+        };
         store.migrate().await?;
         Ok(store)
     }
@@ -263,7 +353,7 @@ impl SqlStore {
             Pool::Sqlite(_) => SQLITE_MIGRATIONS,
             Pool::Postgres(_) => POSTGRES_MIGRATIONS,
         };
-        with_pool!(self, |pool, _postgres| {
+        with_pool!(self, |pool, postgres| {
             sqlx::query(
                 "CREATE TABLE IF NOT EXISTS troupe_migrations (version BIGINT PRIMARY KEY, applied_at TEXT NOT NULL)",
             )
@@ -285,6 +375,15 @@ impl SqlStore {
             }
             for (version, sql) in migrations {
                 let mut tx = pool.begin().await.map_err(backend)?;
+                if postgres {
+                    // Nodes of a cluster may start together: one migrates, the
+                    // others wait and then find it done.
+                    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                        .bind(MIGRATION_LOCK)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(backend)?;
+                }
                 let done: Option<i64> = sqlx::query_scalar("SELECT version FROM troupe_migrations WHERE version = $1")
                     .bind(*version)
                     .fetch_optional(&mut *tx)
@@ -523,6 +622,10 @@ impl RunStore for SqlStore {
     }
 
     async fn unfinished_runs(&self) -> Result<Vec<RunId>, StoreError> {
+        if let (Some(node), Pool::Postgres(pool)) = (&self.node, &self.pool) {
+            // In a cluster, the unfinished runs this node may drive are those it claims.
+            return node.claim(pool).await;
+        }
         with_pool!(self, |pool, _postgres| {
             let ids: Vec<String> = sqlx::query_scalar(
                 "SELECT run_id FROM runs WHERE status NOT IN ('succeeded', 'failed', 'cancelled') ORDER BY run_id",

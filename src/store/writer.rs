@@ -14,6 +14,8 @@
 //! each in its own transaction, so one bad commit fails only its own caller and
 //! no caller is told `Ok` for a write that did not land.
 
+use std::sync::Arc;
+
 use chrono::Utc;
 use sqlx::Arguments;
 use tokio::sync::{mpsc, oneshot};
@@ -21,6 +23,7 @@ use troupe_actors::protocol::RunId;
 use troupe_actors::store::StoreError;
 
 use crate::store::binding::{Binder, chunk_len, values_sql};
+use crate::store::cluster::{self, Node};
 use crate::store::encode::stamp;
 use crate::store::group::{EventRow, Fixed, GroupWrite, Job, Progress, RunState, Slot, plan};
 use crate::store::read::{read_postgres, read_sqlite, state_from_row};
@@ -60,9 +63,9 @@ impl Writer {
     /// claim, so that dropping the store frees it at once: a queued job's caller is
     /// waiting on a borrowed store, so the claim outlives every write whose caller
     /// still waits for it.
-    pub(super) fn spawn(pool: Pool) -> Self {
+    pub(super) fn spawn(pool: Pool, node: Option<Arc<Node>>) -> Self {
         let (queue, inbox) = mpsc::channel(QUEUE);
-        tokio::spawn(run(pool, inbox));
+        tokio::spawn(run(pool, node, inbox));
         Self { queue }
     }
 
@@ -82,7 +85,10 @@ const MAX_KNOWN: usize = 1 << 16;
 /// reads from the database only the runs it does not know yet. This holds because
 /// the writer is the only one that changes a run row while the store is open (the
 /// process owns the store, and retention deletes only ended runs, which are not
-/// kept). It is updated only after a transaction committed, and emptied when one
+/// kept). In a cluster, another node changes a run only after claiming it, which
+/// fences this node off it (its next commit is refused and drops it from here);
+/// and a node never claims a run it drove before (its id is new at every start,
+/// and it stops once its lease expired). It is updated only after a transaction committed, and emptied when one
 /// fails, so it never holds a state the database does not.
 type Known = Map<RunId, RunState>;
 
@@ -90,13 +96,14 @@ type Known = Map<RunId, RunState>;
 #[derive(Default)]
 struct Memory {
     known: Known,
-    /// The key the next run created takes: one more than the largest in the
-    /// database, read by the first group (after the migrations ran) and again
+    /// SQLite: the key the next run created takes: one more than the largest in
+    /// the database, read by the first group (after the migrations ran) and again
     /// after a group failed; the writer is the only one that creates runs.
+    /// (PostgreSQL takes keys from a sequence.)
     next_key: Option<i64>,
 }
 
-async fn run(pool: Pool, mut inbox: mpsc::Receiver<Request>) {
+async fn run(pool: Pool, node: Option<Arc<Node>>, mut inbox: mpsc::Receiver<Request>) {
     let max_group = match pool {
         Pool::Sqlite(_) => MAX_GROUP_SQLITE,
         Pool::Postgres(_) => MAX_GROUP_POSTGRES,
@@ -106,7 +113,7 @@ async fn run(pool: Pool, mut inbox: mpsc::Receiver<Request>) {
     while inbox.recv_many(&mut requests, max_group).await > 0 {
         let (jobs, replies): (Vec<Job>, Vec<_>) =
             requests.drain(..).map(|request| (request.job, request.reply)).unzip();
-        let outcomes = write_jobs(&pool, &jobs, &mut memory).await;
+        let outcomes = write_jobs(&pool, node.as_deref(), &jobs, &mut memory).await;
         for (reply, outcome) in replies.into_iter().zip(outcomes) {
             let _ = reply.send(outcome);
         }
@@ -114,8 +121,13 @@ async fn run(pool: Pool, mut inbox: mpsc::Receiver<Request>) {
 }
 
 /// Writes `jobs` as one group; if the group fails, writes each alone.
-async fn write_jobs(pool: &Pool, jobs: &[Job], memory: &mut Memory) -> Vec<Result<(), StoreError>> {
-    let error = match write_group(pool, jobs, memory).await {
+async fn write_jobs(
+    pool: &Pool,
+    node: Option<&Node>,
+    jobs: &[Job],
+    memory: &mut Memory,
+) -> Vec<Result<(), StoreError>> {
+    let error = match write_group(pool, node, jobs, memory).await {
         Ok(outcomes) => return outcomes,
         Err(error) => error,
     };
@@ -127,7 +139,7 @@ async fn write_jobs(pool: &Pool, jobs: &[Job], memory: &mut Memory) -> Vec<Resul
     tracing::warn!(%error, jobs = jobs.len(), "a group commit failed; writing its commits one by one");
     let mut outcomes = Vec::with_capacity(jobs.len());
     for job in jobs {
-        let outcome = match write_group(pool, std::slice::from_ref(job), memory).await {
+        let outcome = match write_group(pool, node, std::slice::from_ref(job), memory).await {
             Ok(mut single) => single.pop().unwrap_or(Ok(())),
             Err(error) => Err(refused(pool, job, error).await),
         };
@@ -455,22 +467,10 @@ macro_rules! write_rows {
         );
     }};
 }
-/// Reads what a group needs from the database before it is planned: the key of
-/// the next run created (once per writer), and the runs in `$ids` (not known yet)
-/// into `$runs`, in statements of at most `$limit` bytes of ids. Evaluates to the
-/// next key.
+/// Reads the runs in `$ids` (those a group commits to that the writer does not
+/// know yet) into `$runs`, in statements of at most `$limit` bytes of ids.
 macro_rules! read_unknown {
-    ($connection:ident, $read:ident, $limit:expr, $memory:ident, $ids:ident, $runs:ident) => {{
-        let next_key = match $memory.next_key {
-            Some(key) => key,
-            None => {
-                let largest: Option<i64> = sqlx::query_scalar("SELECT MAX(run_key) FROM runs")
-                    .fetch_one(&mut *$connection)
-                    .await
-                    .map_err(backend)?;
-                largest.unwrap_or(0) + 1
-            }
-        };
+    ($connection:ident, $read:ident, $limit:expr, $ids:ident, $runs:ident) => {{
         let mut rest = &$ids[..];
         while !rest.is_empty() {
             let (chunk, tail) = rest.split_at(chunk_len(rest, |id| id.len(), $limit));
@@ -479,7 +479,6 @@ macro_rules! read_unknown {
                 read_into(&mut $runs, &row)?;
             }
         }
-        next_key
     }};
 }
 
@@ -489,6 +488,7 @@ macro_rules! read_unknown {
 /// group was written; `Ok` carries each job's outcome.
 async fn write_group(
     pool: &Pool,
+    node: Option<&Node>,
     jobs: &[Job],
     memory: &mut Memory,
 ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
@@ -524,7 +524,17 @@ async fn write_group(
             // The reads come before the transaction: nothing else writes a run
             // while the store is open (retention deletes only ended runs, which
             // refuse every job anyway).
-            let mut next_key = read_unknown!(connection, read_sqlite, usize::MAX, memory, ids, runs);
+            let mut next_key = match memory.next_key {
+                Some(key) => key,
+                None => {
+                    let largest: Option<i64> = sqlx::query_scalar("SELECT MAX(run_key) FROM runs")
+                        .fetch_one(&mut *connection)
+                        .await
+                        .map_err(backend)?;
+                    largest.unwrap_or(0) + 1
+                }
+            };
+            read_unknown!(connection, read_sqlite, usize::MAX, ids, runs);
             let (rows, outcomes) = plan(jobs, runs, &now, &mut next_key);
             let mut script = SqliteScript::new();
             write_rows!(script, usize::MAX, false, &rows);
@@ -535,12 +545,58 @@ async fn write_group(
         }
         Pool::Postgres(pool) => {
             let mut tx = pool.begin().await.map_err(backend)?;
-            let mut next_key = read_unknown!(tx, read_postgres, PG_STATEMENT_BYTES, memory, ids, runs);
-            let (rows, outcomes) = plan(jobs, runs, &now, &mut next_key);
+            // Keys come from a sequence, a block of MAX_GROUP_POSTGRES per group
+            // that creates runs: other processes may create runs too (a cluster).
+            let mut next_key = if created.is_empty() {
+                0
+            } else {
+                sqlx::query_scalar::<_, i64>("SELECT nextval('run_keys')").fetch_one(&mut *tx).await.map_err(backend)?
+            };
+            read_unknown!(tx, read_postgres, PG_STATEMENT_BYTES, ids, runs);
+            let fenced = match node {
+                Some(node) => {
+                    let held: Vec<(RunId, i64)> = runs.iter().map(|(id, slot)| (*id, slot.state.key)).collect();
+                    let fenced = cluster::fence(&mut tx, node, &held).await?;
+                    for run_id in &fenced {
+                        runs.remove(run_id);
+                    }
+                    fenced
+                }
+                None => Vec::new(),
+            };
+            let (rows, mut outcomes) = plan(jobs, runs, &now, &mut next_key);
+            for (job, outcome) in jobs.iter().zip(&mut outcomes) {
+                if fenced.contains(&job.run_id()) {
+                    *outcome = Err(StoreError::Fenced(job.run_id()));
+                }
+            }
             let mut statements = PgStatements { tx: &mut tx, arguments: Default::default() };
             write_rows!(statements, PG_STATEMENT_BYTES, true, &rows);
+            let mut owned = Vec::new();
+            if let Some(node) = node {
+                owned = rows.created.iter().map(|(id, _, state)| (*id, state.key)).collect();
+                cluster::own_created(&mut tx, node, &owned).await?;
+                let mut written: Vec<&Text> = jobs
+                    .iter()
+                    .zip(&outcomes)
+                    .filter(|(_, outcome)| outcome.is_ok())
+                    .map(|(job, _)| job.id())
+                    .collect();
+                written.sort_unstable();
+                written.dedup();
+                cluster::announce(&mut tx, node, &written).await?;
+            }
             tx.commit().await.map_err(backend)?;
-            memory.next_key = Some(next_key);
+            if let Some(node) = node {
+                let ended = rows
+                    .created
+                    .iter()
+                    .map(|(id, _, state)| (id, state))
+                    .chain(rows.updated.iter().map(|(id, state)| (id, state)));
+                let ended: Vec<RunId> =
+                    ended.filter(|(_, state)| TERMINAL.contains(&&*state.status)).map(|(id, _)| *id).collect();
+                cluster::committed(node, &owned, ended);
+            }
             remember(&mut memory.known, rows);
             Ok(outcomes)
         }

@@ -94,6 +94,17 @@ impl Served {
         self.wait_exit();
     }
 
+    /// Sends `signal` (`KILL`, `STOP`, `CONT`…).
+    pub(crate) fn signal(&self, signal: &str) {
+        let pid = self.child.id().to_string();
+        assert!(Command::new("kill").args([format!("-{signal}"), pid]).status().unwrap().success());
+    }
+
+    /// How it exited, if it has.
+    pub(crate) fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().unwrap()
+    }
+
     /// Sends SIGTERM.
     pub(crate) fn signal_term(&self) {
         let pid = self.child.id().to_string();

@@ -4,6 +4,7 @@
 // Tests read their settings (a PostgreSQL URL, a model, a seed) from the environment.
 #![allow(clippy::disallowed_methods)]
 
+mod cluster;
 mod cost;
 mod crash;
 mod daemon;

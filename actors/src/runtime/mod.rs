@@ -124,13 +124,19 @@ impl Runtime {
         let lines = Arc::new(Lines::new(shared.clone(), admission.clone(), queue.clone()));
         let idempotency_locks = (0..64).map(|_| tokio::sync::Mutex::new(())).collect();
         let runtime = Self { shared, supervisor, admission, queue, dispatcher, lines, idempotency_locks };
-        runtime.recover().await?;
+        runtime.resume_unfinished().await?;
         Ok(runtime)
     }
 
-    /// Resumes runs left unfinished by the last process. They were admitted before,
-    /// so they take a slot when one is free and run without one otherwise.
-    async fn recover(&self) -> Result<(), RuntimeError> {
+    /// Resumes the runs the store gives as unfinished: at start, those the last
+    /// process left; in a cluster, those this node just claimed (orphaned by a
+    /// node that stopped), called again as the node polls for them. They were
+    /// admitted before, so they take a slot when one is free and run without one
+    /// otherwise.
+    pub async fn resume_unfinished(&self) -> Result<(), RuntimeError> {
+        if !self.accepting() {
+            return Ok(());
+        }
         let unfinished = self.shared.store.unfinished_runs().await?;
         if !unfinished.is_empty() {
             info!(runs = unfinished.len(), "resuming unfinished runs");
@@ -610,6 +616,23 @@ impl Runtime {
 
     async fn is_parked(&self, run_id: RunId) -> Result<bool, StoreError> {
         Ok(self.shared.store.get_run(run_id).await?.is_some_and(|run| run.status == RunStatus::WaitingInput))
+    }
+
+    /// Other processes drive runs of the same store (a cluster): streams keep
+    /// following a run whose session here stops, woken by [`Runtime::nudge`].
+    pub fn follow_remote_runs(&self) {
+        self.shared.hub.follow_remote_runs();
+    }
+
+    /// The store holds events of `run_id` that another process committed: its
+    /// streams here read them.
+    pub fn nudge(&self, run_id: RunId) {
+        self.shared.hub.nudge(run_id);
+    }
+
+    /// [`Runtime::nudge`] for every run followed here.
+    pub fn nudge_all(&self) {
+        self.shared.hub.nudge_all();
     }
 
     /// Runs waiting for a slot.

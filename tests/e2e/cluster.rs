@@ -1,0 +1,296 @@
+//! Several `troupe serve` processes on one PostgreSQL database ([cluster]): runs
+//! spread over the nodes; a node killed with SIGKILL has its runs finished by the
+//! others; a node paused past its lease is fenced off and stops; streams, input
+//! and cancels work from any node.
+
+use std::collections::HashMap;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use troupe::testing::fake_openai::{FakeOpenAi, FakeReply, text_stream, tool_call_stream};
+use troupe_actors::testing::eventually;
+
+use crate::daemon::{Served, TOKEN};
+use crate::store::postgres_database;
+
+/// A folder shared by the nodes: config, agents, the journal (the side effect).
+struct Cluster {
+    dir: std::path::PathBuf,
+    database: String,
+    model: String,
+}
+
+impl Cluster {
+    /// `cluster`: the `[cluster]` settings besides `enabled`.
+    fn new(name: &str, database: String, model: &FakeOpenAi, cluster: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("troupe-cluster-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("agents")).unwrap();
+        let journal = dir.join("tenants/{tenant}/journal.log");
+        let config = format!(
+            "[tools]\njournal_path = {:?}\n[cluster]\nenabled = true\n{cluster}\n",
+            journal.display().to_string()
+        );
+        std::fs::write(dir.join("troupe.toml"), config).unwrap();
+        let agent =
+            "name = \"crash\"\ninstructions = \"Record, then measure.\"\ntools = [\"journal\", \"text_stats\"]\n";
+        std::fs::write(dir.join("agents/crash.toml"), agent).unwrap();
+        Self { dir, database, model: model.base_url() }
+    }
+
+    /// Starts node `name`.
+    fn node(&self, name: &str) -> Served {
+        let data = self.dir.join(format!("node-{name}"));
+        let mut command = Command::new(env!("CARGO_BIN_EXE_troupe"));
+        command
+            .arg("serve")
+            .arg("--data-dir")
+            .arg(&data)
+            .env("TROUPE_CONFIG", self.dir.join("troupe.toml"))
+            .env("TROUPE_AGENTS", self.dir.join("agents"))
+            .env("TROUPE_DATABASE_URL", &self.database)
+            .env("TROUPE_CLUSTER__NODE_NAME", name)
+            .env("OPENAI_BASE_URL", &self.model)
+            .env("TROUPE_MODEL", "fake")
+            .env_remove("OPENAI_API_KEY")
+            .env_remove("TROUPE_DEFAULT_MODEL");
+        Served::start(command)
+    }
+
+    /// The journal's entries by key: each must be there once.
+    fn journal(&self) -> HashMap<String, usize> {
+        let text = std::fs::read_to_string(self.dir.join("tenants/e2e/journal.log")).unwrap_or_default();
+        let mut written = HashMap::new();
+        for line in text.lines() {
+            *written.entry(line.split('\t').nth(1).unwrap_or_default().to_owned()).or_insert(0) += 1;
+        }
+        written
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A journal entry, then a measurement, then the answer; each chunk `delay` apart.
+fn slow_run(delay: u64) -> FakeReply {
+    let mut act = tool_call_stream(
+        &[("j", "journal", r#"{"text": "paid invoice"}"#), ("m", "text_stats", r#"{"text": "a b b"}"#)],
+        4,
+    );
+    let mut answer = text_stream("All done.", 3);
+    for reply in [&mut act, &mut answer] {
+        if let FakeReply::Stream { delay_ms, .. } = reply {
+            *delay_ms = delay;
+        }
+    }
+    FakeReply::PerTurn { replies: vec![act, answer] }
+}
+
+async fn get(node: &Served, path: &str) -> (u16, Value) {
+    let response = reqwest::Client::new().get(node.url(path)).bearer_auth(TOKEN).send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+async fn post(node: &Served, path: &str) -> (u16, Value) {
+    let response = reqwest::Client::new().post(node.url(path)).bearer_auth(TOKEN).send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+async fn status(node: &Served, id: &str) -> String {
+    get(node, &format!("/v1/runs/{id}")).await.1["status"].as_str().unwrap_or_default().to_owned()
+}
+
+/// A metric's value summed over its series, from `/metrics`.
+async fn metric(node: &Served, name: &str) -> f64 {
+    let text = reqwest::get(node.url("/metrics")).await.unwrap().text().await.unwrap();
+    text.lines()
+        .filter(|line| line.starts_with(name) && line[name.len()..].starts_with([' ', '{']))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The run's events, gap-free from 1 and ending with its one `run_end`.
+fn check_events(id: &str, events: &[Value]) {
+    let seqs: Vec<u64> = events.iter().map(|event| event["seq"].as_u64().unwrap()).collect();
+    assert_eq!(seqs, (1..=events.len() as u64).collect::<Vec<_>>(), "gap-free events of {id}");
+    let ends = events.iter().filter(|event| event["kind"] == "run_end").count();
+    assert_eq!(ends, 1, "one run_end in {id}");
+    assert_eq!(events.last().unwrap()["kind"], "run_end");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_nodes_runs_finish_on_the_other_nodes_within_ten_seconds() {
+    let Some(database) = postgres_database().await else { return };
+    let model = FakeOpenAi::start(Vec::new(), Some(slow_run(100))).await.unwrap();
+    // The default lease, heartbeat and claim interval.
+    let cluster = Cluster::new("kill", database, &model, "");
+    let nodes = [cluster.node("a"), cluster.node("b"), cluster.node("c")];
+
+    let mut runs: Vec<(usize, String, String)> = Vec::new();
+    for round in 0..9 {
+        let input = format!("request {round}");
+        let id = nodes[round % 3].post_run(&input, "crash").await;
+        runs.push((round % 3, id, input));
+    }
+    eventually(Duration::from_secs(30), "every run reached the model", || async {
+        let requests = model.requests();
+        runs.iter().all(|(_, _, input)| requests.iter().any(|request| request.body.to_string().contains(input)))
+    })
+    .await;
+    let [a, b, c] = nodes;
+    a.signal("KILL");
+    let killed = Instant::now();
+    drop(a);
+
+    let on_a: Vec<&String> = runs.iter().filter(|(node, _, _)| *node == 0).map(|(_, id, _)| id).collect();
+    eventually(Duration::from_secs(10), "the killed node's runs ended on the others", || async {
+        for id in &on_a {
+            if status(&b, id).await != "succeeded" {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+    eprintln!("the killed node's runs ended {:?} after the kill", killed.elapsed());
+    for (_, id, _) in &runs {
+        eventually(Duration::from_secs(30), "every run succeeded", || async { status(&c, id).await == "succeeded" })
+            .await;
+        // Read from a node that may not have driven it.
+        check_events(id, &b.events(id).await);
+    }
+    let written = cluster.journal();
+    assert_eq!(written.len(), runs.len(), "one journal entry per run: {written:?}");
+    assert!(written.values().all(|count| *count == 1), "a journal entry was written twice: {written:?}");
+    let takeovers =
+        metric(&b, "troupe_cluster_takeovers_total").await + metric(&c, "troupe_cluster_takeovers_total").await;
+    assert!(takeovers >= 1.0, "the other nodes took the killed node's runs over");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_node_streams_cancels_and_answers_a_run_another_node_drives() {
+    let Some(database) = postgres_database().await else { return };
+    // The first request hangs (a run to cancel); then each run is slow.
+    let model = FakeOpenAi::start(vec![FakeReply::Hang], Some(slow_run(100))).await.unwrap();
+    let cluster = Cluster::new("any", database, &model, "lease = 3.0\nheartbeat = 1.0\nclaim_interval = 0.5");
+    let (a, b, c) = (cluster.node("a"), cluster.node("b"), cluster.node("c"));
+
+    // Cancelled through B while A drives it.
+    let hanging = a.post_run("hang", "crash").await;
+    eventually(Duration::from_secs(30), "the run reached the model", || async { !model.requests().is_empty() }).await;
+    let (code, view) = post(&b, &format!("/v1/runs/{hanging}/cancel")).await;
+    assert_eq!((code, &view["status"]), (200, &Value::from("cancelled")), "{view}");
+    let (code, _) = post(&c, &format!("/v1/runs/{hanging}/cancel")).await;
+    assert_eq!(code, 409, "an ended run cannot be cancelled again, from any node");
+
+    // Followed on B to its end while A drives it.
+    let id = a.post_run("followed", "crash").await;
+    let events = b.events(&id).await;
+    check_events(&id, &events);
+    assert_eq!(status(&c, &id).await, "succeeded");
+
+    // Followed on B while A, which drives it, is killed: the stream goes on.
+    let id = a.post_run("taken over", "crash").await;
+    let stream = tokio::spawn({
+        let url = b.url(&format!("/v1/runs/{id}/events"));
+        async move {
+            let response = reqwest::Client::new().get(url).bearer_auth(TOKEN).send().await.unwrap();
+            let text = tokio::time::timeout(Duration::from_secs(60), response.text()).await.unwrap().unwrap();
+            text.lines()
+                .filter_map(|line| line.strip_prefix("data: "))
+                .map(|data| serde_json::from_str::<Value>(data).unwrap())
+                .collect::<Vec<_>>()
+        }
+    });
+    eventually(Duration::from_secs(30), "the run reached the model", || async {
+        model.requests().iter().any(|request| request.body.to_string().contains("taken over"))
+    })
+    .await;
+    a.signal("KILL");
+    drop(a);
+    let events = stream.await.unwrap();
+    check_events(&id, &events);
+    assert_eq!(status(&b, &id).await, "succeeded");
+    assert!(cluster.journal().values().all(|count| *count == 1), "no journal entry twice");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_paused_past_its_lease_is_fenced_off_and_stops_and_its_run_ends_once() {
+    let Some(database) = postgres_database().await else { return };
+    let model = FakeOpenAi::start(Vec::new(), Some(slow_run(300))).await.unwrap();
+    let cluster = Cluster::new("pause", database, &model, "lease = 2.0\nheartbeat = 0.5\nclaim_interval = 0.5");
+    let (mut a, b) = (cluster.node("a"), cluster.node("b"));
+
+    let id = a.post_run("paused", "crash").await;
+    eventually(Duration::from_secs(30), "the run reached the model", || async { !model.requests().is_empty() }).await;
+    a.signal("STOP");
+    eventually(Duration::from_secs(20), "the other node finished the run", || async {
+        status(&b, &id).await == "succeeded"
+    })
+    .await;
+    a.signal("CONT");
+    // It finds its lease gone: its commits are refused, and it stops.
+    let exited = eventually(Duration::from_secs(20), "the paused node stopped", || {
+        let status = a.exited();
+        async move { status }
+    })
+    .await;
+    assert!(!exited.success(), "a node that lost its lease exits with an error");
+    assert!(a.log().contains("lost its lease"), "it says why: {}", a.log());
+    check_events(&id, &b.events(&id).await);
+    let written = cluster.journal();
+    assert!(written.values().all(|count| *count == 1), "a journal entry was written twice: {written:?}");
+
+    // Started again, it rejoins and takes runs.
+    drop(a);
+    let a = cluster.node("a");
+    assert_eq!(get(&a, "/readyz").await.0, 200);
+    let id = a.post_run("after the pause", "crash").await;
+    check_events(&id, &a.events(&id).await);
+    assert_eq!(status(&b, &id).await, "succeeded");
+}
+
+/// The store's side, in-process: a run created by node A is claimed by node B
+/// once A's lease has expired; A's commits are refused from then on, B's land.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_by_a_node_whose_run_was_claimed_is_refused() {
+    use troupe::store::{ClusterOptions, SqlStore};
+    use troupe_actors::protocol::{EventKind, RunId};
+    use troupe_actors::store::{Commit, RunStore, StoreError};
+
+    use crate::store::{event, record};
+
+    let Some(database) = postgres_database().await else { return };
+    let options = |name: &str| ClusterOptions { node_name: name.to_owned(), lease: Duration::from_secs(5) };
+    let a = SqlStore::connect_cluster(&database, &options("a"), Duration::from_secs(1)).await.unwrap();
+    let b = SqlStore::connect_cluster(&database, &options("b"), Duration::from_secs(1)).await.unwrap();
+    let refused = SqlStore::connect(&database).await.err().expect("a single-node process is refused beside a cluster");
+    assert!(refused.to_string().contains("[cluster]"), "{refused}");
+
+    let run_id = RunId::new();
+    let started = event(run_id, 1, EventKind::RunStarted { agent: "agent".into(), input: "x".into() });
+    a.create_run(record(run_id, "t"), vec![started]).await.unwrap();
+    assert!(b.unfinished_runs().await.unwrap().is_empty(), "a live node's run is not claimed");
+    let turn =
+        |seq| Commit { run_id, writes: vec![], events: vec![event(run_id, seq, EventKind::TurnStart { turn: 1 })] };
+    a.commit(&turn(2)).await.unwrap();
+
+    // A stops renewing (paused): its lease runs out.
+    let membership = a.membership().unwrap();
+    sqlx::query("UPDATE cluster_nodes SET lease_until = now() - interval '1 second' WHERE node_id = $1")
+        .bind(&membership.node.id)
+        .execute(&membership.pool)
+        .await
+        .unwrap();
+    assert_eq!(b.unfinished_runs().await.unwrap(), vec![run_id], "B claims the orphaned run");
+    assert_eq!(a.commit(&turn(3)).await, Err(StoreError::Fenced(run_id)), "A may no longer write it");
+    b.commit(&turn(3)).await.unwrap();
+    assert_eq!(b.events_after(run_id, 0, 10).await.unwrap().len(), 3, "only B's commit landed");
+    assert!(b.unfinished_runs().await.unwrap().is_empty(), "a run is claimed once");
+}
