@@ -676,13 +676,20 @@ pub(super) async fn healthz() -> Json<Value> {
     Json(serde_json::json!({"status": "ok"}))
 }
 
-/// Ready: the store answers and the runtime takes runs.
+/// Ready: the store answers and the runtime takes runs (in a cluster: while the node holds its lease).
 #[utoipa::path(get, path = "/readyz", tag = "ops",
     responses((status = 200, description = "Ready."), (status = 503, body = ErrorBody, description = "Not ready.")))]
 pub(super) async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     let runtime = &state.inner.runtime;
     if !runtime.accepting() || state.inner.shutdown.is_cancelled() {
         return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "the runtime is not taking runs"));
+    }
+    if state.inner.cluster.as_ref().is_some_and(|cluster| cluster.lost.is_cancelled()) {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "this node lost its lease on the store",
+        ));
     }
     // Any read answers whether the store is reachable; this one finds nothing.
     let probe = RunQuery { tenant: Some(String::new()), limit: 1, ..RunQuery::default() };

@@ -59,6 +59,8 @@ pub struct Node {
     pub lease: Duration,
     /// The epoch at which it owns each run it drives.
     epochs: Mutex<HashMap<RunId, i64>>,
+    /// Set once it left the cluster: its heartbeat stops.
+    left: std::sync::atomic::AtomicBool,
 }
 
 impl Node {
@@ -68,6 +70,7 @@ impl Node {
             name: options.node_name.clone(),
             lease: options.lease,
             epochs: Mutex::new(HashMap::new()),
+            left: Default::default(),
         }
     }
 
@@ -187,7 +190,9 @@ impl Node {
             .await
             .map_err(backend)?;
         tx.commit().await.map_err(backend)?;
-        self.forget(self.epochs().keys().copied().collect::<Vec<_>>());
+        self.left.store(true, std::sync::atomic::Ordering::SeqCst);
+        let held: Vec<RunId> = self.epochs().keys().copied().collect();
+        self.forget(held);
         Ok(released.rows_affected())
     }
 }
@@ -211,8 +216,12 @@ pub(super) async fn heartbeat(
             _ = tick.tick() => {}
             _ = dropped.cancelled() => return,
         }
+        if node.left.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
         match tokio::time::timeout(every, node.renew(&pool)).await {
             Ok(Ok(true)) => renewed = std::time::Instant::now(),
+            Ok(Ok(false)) if node.left.load(std::sync::atomic::Ordering::SeqCst) => return,
             Ok(Ok(false)) => {
                 tracing::error!(node = %node.id, "this node's lease expired (it was paused or cut off): other nodes take its runs over");
                 lost.cancel();

@@ -294,3 +294,139 @@ async fn a_commit_by_a_node_whose_run_was_claimed_is_refused() {
     assert_eq!(b.events_after(run_id, 0, 10).await.unwrap().len(), 3, "only B's commit landed");
     assert!(b.unfinished_runs().await.unwrap().is_empty(), "a run is claimed once");
 }
+
+/// The crash test of `crash.rs` on a cluster: three nodes take runs that write a
+/// journal entry (a side effect) and measure text (idempotent) while a random
+/// node is killed with SIGKILL at a seeded random moment and started again, many
+/// times; then every run has ended well, none is lost, no journal entry is written
+/// twice, a call cut off is reported interrupted, and every run's events are
+/// gap-free. `TROUPE_CRASH_SEED` replays a schedule; `TROUPE_CLUSTER_KILLS` sets
+/// the kills (100).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_survive_random_nodes_killed_again_and_again() {
+    use troupe::store::SqlStore;
+    use troupe_actors::protocol::{CallStatus, RunStatus};
+    use troupe_actors::store::{RunQuery, RunStore};
+
+    let Some(database) = postgres_database().await else { return };
+    let seed: u64 = std::env::var("TROUPE_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(20261128);
+    let kills: usize = std::env::var("TROUPE_CLUSTER_KILLS").ok().and_then(|s| s.parse().ok()).unwrap_or(100);
+    eprintln!("cluster crash schedule: seed {seed}, {kills} kills (TROUPE_CRASH_SEED replays it)");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let model = FakeOpenAi::start(Vec::new(), Some(slow_run(15))).await.unwrap();
+    let cluster =
+        Cluster::new("crash", database.clone(), &model, "lease = 1.5\nheartbeat = 0.5\nclaim_interval = 0.25");
+    let names = ["a", "b", "c"];
+    let mut nodes: Vec<Served> = names.iter().map(|name| cluster.node(name)).collect();
+
+    let mut runs = Vec::new();
+    for round in 0..kills {
+        let input = format!("request {round}");
+        runs.push(nodes[rng.usize(0..3)].post_run(&input, "crash").await);
+        eventually(Duration::from_secs(60), &format!("round {round}: the run never reached the model"), || async {
+            model.requests().iter().any(|request| request.body.to_string().contains(&input))
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(rng.u64(0..300))).await;
+        let victim = rng.usize(0..3);
+        nodes[victim].signal("KILL");
+        nodes[victim] = cluster.node(names[victim]);
+    }
+    for id in &runs {
+        eventually(Duration::from_secs(120), &format!("run {id} ended"), || async {
+            ["succeeded", "failed", "cancelled"].contains(&status(&nodes[0], id).await.as_str())
+        })
+        .await;
+    }
+    for node in nodes {
+        node.terminate();
+    }
+
+    let store = SqlStore::connect(&database).await.unwrap();
+    let stored = store.list_runs(RunQuery { limit: 10_000, ..RunQuery::default() }).await.unwrap();
+    assert_eq!(stored.len(), kills, "every submitted run is kept");
+    let written = cluster.journal();
+    assert!(written.values().all(|count| *count == 1), "a journal entry was written twice: {written:?}");
+    let mut interrupted = 0;
+    for run in &stored {
+        assert_eq!(run.status, RunStatus::Succeeded, "run {} ended {:?}: {:?}", run.run_id, run.status, run.reason);
+        let events = store.events_after(run.run_id, 0, 100_000).await.unwrap();
+        let seqs: Vec<u64> = events.iter().map(|event| event.seq).collect();
+        assert_eq!(seqs, (1..=events.len() as u64).collect::<Vec<_>>(), "gap-free seq in run {}", run.run_id);
+        let snapshot = store.load(run.run_id).await.unwrap().unwrap();
+        let journal = snapshot.tool_executions.iter().find(|call| call.tool == "journal").expect("the journal call");
+        match journal.status {
+            CallStatus::Completed => {
+                assert_eq!(written.get(&format!("{}:1:0", run.run_id)), Some(&1), "a completed call wrote once")
+            }
+            CallStatus::Interrupted => interrupted += 1,
+            other => panic!("journal call ended {other:?}"),
+        }
+    }
+    eprintln!(
+        "{} runs, {} journal entries, {interrupted} calls cut off and reported interrupted",
+        stored.len(),
+        written.len()
+    );
+}
+
+/// SIGTERM hands a node's runs over at once: with a lease of a minute, the other
+/// node finishes a run the stopped node was driving long before it would expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_stopped_with_sigterm_hands_its_runs_over_at_once() {
+    let Some(database) = postgres_database().await else { return };
+    let model = FakeOpenAi::start(Vec::new(), Some(slow_run(200))).await.unwrap();
+    let cluster = Cluster::new("handover", database, &model, "lease = 60.0\nheartbeat = 1.0\nclaim_interval = 0.5");
+    let (a, b) = (cluster.node("a"), cluster.node("b"));
+    let id = a.post_run("handed over", "crash").await;
+    eventually(Duration::from_secs(30), "the run reached the model", || async { !model.requests().is_empty() }).await;
+    let stopped = Instant::now();
+    a.terminate();
+    eventually(Duration::from_secs(20), "the other node finished the run", || async {
+        status(&b, &id).await == "succeeded"
+    })
+    .await;
+    assert!(stopped.elapsed() < Duration::from_secs(20), "handed over, not taken after the lease");
+    check_events(&id, &b.events(&id).await);
+    assert!(cluster.journal().values().all(|count| *count == 1), "no journal entry twice");
+}
+
+/// An answer to a run's question sent to a node that does not drive the run
+/// reaches it; one sent again, once it moved on, is refused from any node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_sent_to_any_node_reaches_the_run() {
+    let Some(database) = postgres_database().await else { return };
+    let ask = tool_call_stream(&[("q", "ask_user", r#"{"question": "Which day?"}"#)], 1);
+    let reply = FakeReply::PerTurn { replies: vec![ask, text_stream("Booked for Tuesday.", 1)] };
+    let model = FakeOpenAi::start(Vec::new(), Some(reply)).await.unwrap();
+    let cluster = Cluster::new("input", database, &model, "");
+    let (a, b) = (cluster.node("a"), cluster.node("b"));
+    let id = a.post_run("book it", "crash").await;
+    eventually(Duration::from_secs(30), "the run asked its question", || async {
+        status(&b, &id).await == "waiting_input"
+    })
+    .await;
+    let response = reqwest::Client::new()
+        .post(b.url(&format!("/v1/runs/{id}/input")))
+        .bearer_auth(TOKEN)
+        .json(&serde_json::json!({"text": "Tuesday"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 202);
+    check_events(&id, &b.events(&id).await);
+    let (_, run) = get(&a, &format!("/v1/runs/{id}")).await;
+    assert_eq!(
+        (run["status"].as_str(), run["final_output"].as_str()),
+        (Some("succeeded"), Some("Booked for Tuesday."))
+    );
+    assert!(model.requests().last().unwrap().body.to_string().contains("Tuesday"), "the model got the answer");
+    let again = reqwest::Client::new()
+        .post(b.url(&format!("/v1/runs/{id}/input")))
+        .bearer_auth(TOKEN)
+        .json(&serde_json::json!({"text": "Wednesday"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 409, "the run is no longer waiting");
+}
