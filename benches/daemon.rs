@@ -4,6 +4,7 @@
 //! cargo bench --bench daemon                    # 500 runs with 1 client, 2,000 with 50 in flight; SQLite, then PostgreSQL
 //! cargo bench --bench daemon -- 1000 4000 sqlite # RUNS_ONE RUNS_MANY, only the stores named
 //! TROUPE_BENCH_PG_URL=postgres://user@host:5432/postgres cargo bench --bench daemon
+//! cargo bench --bench daemon -- 0 2000 cluster  # 1, 2, 3 daemons on one PostgreSQL, then 20 takeovers
 //! ```
 //!
 //! Three processes: this driver, `troupe serve` (the release binary of this
@@ -37,7 +38,8 @@ async fn main() {
     let runs_one = numbers.first().copied().unwrap_or(500);
     let runs_many = numbers.get(1).copied().unwrap_or(2000);
     let stores: Vec<&str> = args.iter().map(String::as_str).filter(|arg| arg.parse::<usize>().is_err()).collect();
-    let wanted = |store: &str| stores.is_empty() || stores.contains(&store);
+    // `cluster` alone runs only the cluster's figures.
+    let wanted = |store: &str| (stores.is_empty() || stores.contains(&store)) && stores != ["cluster"];
 
     let scratch = std::env::temp_dir().join(format!("troupe-bench-daemon-{}", std::process::id()));
     std::fs::create_dir_all(&scratch).expect("a scratch directory");
@@ -46,6 +48,9 @@ async fn main() {
     );
     if wanted("sqlite") {
         bench_store(&scratch, "sqlite", None, runs_one, runs_many).await;
+    }
+    if stores.contains(&"cluster") {
+        bench_cluster(&scratch, runs_many).await;
     }
     if wanted("postgres") {
         let base = std::env::var("TROUPE_BENCH_PG_URL")
@@ -111,6 +116,107 @@ async fn bench_store(scratch: &Path, store: &str, url: Option<String>, runs_one:
         "{store}: {:.1} KiB RSS a run parked on a model call ({PARKED} runs)",
         (after.rss_kib - before.rss_kib) as f64 / PARKED as f64
     );
+}
+
+/// 1, 2 and 3 daemons of a cluster on one PostgreSQL database, `runs` runs with
+/// 50 in flight spread over them: CPU per turn of the daemons together and of
+/// the PostgreSQL server, turns/s. Then 20 times: a node is killed while it
+/// drives a run, and the time until another node claimed the run is measured.
+async fn bench_cluster(scratch: &Path, runs: usize) {
+    let base = std::env::var("TROUPE_BENCH_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
+    let names = ["a", "b", "c"];
+    for size in 1..=3 {
+        let Some(url) = postgres_database_named(&base, &format!("cluster{size}")).await else {
+            println!("cluster: skipped ({base} unreachable)");
+            return;
+        };
+        let dir = scratch.join(format!("cluster-{size}"));
+        let model = FakeModel::start(&dir, &model_script());
+        let daemons: Vec<Daemon> = names[..size]
+            .iter()
+            .map(|name| Daemon::start_node(&dir.join(name), &model.base_url, Some(&url), Some(name)))
+            .collect();
+        let drivers: Vec<Driver> = daemons.iter().map(|daemon| Driver::new(&daemon.base)).collect();
+        futures::future::join_all(drivers.iter().map(|driver| driver.many(100 / size, IN_FLIGHT / size))).await;
+        let cpu = |daemons: &[Daemon]| daemons.iter().map(|daemon| daemon.sample().cpu).sum::<f64>();
+        let (before, pg_before) = (cpu(&daemons), postgres_cpu());
+        let wall = Instant::now();
+        let share = runs / size;
+        futures::future::join_all(drivers.iter().map(|driver| driver.many(share, IN_FLIGHT.div_ceil(size)))).await;
+        let wall = wall.elapsed();
+        let turns = (share * size) as f64 * TURNS_PER_RUN as f64;
+        println!(
+            "cluster of {size}, 50 in flight: {:.0} µs CPU a turn in the daemons, {:.0} µs in PostgreSQL, {:.0} turns/s",
+            (cpu(&daemons) - before) * 1e6 / turns,
+            (postgres_cpu() - pg_before) * 1e6 / turns,
+            turns / wall.as_secs_f64(),
+        );
+    }
+
+    // Takeovers: a run driven by the killed node, claimed by another.
+    let Some(url) = postgres_database_named(&base, "takeover").await else { return };
+    let dir = scratch.join("takeover");
+    let mut slow = model_script();
+    for reply in slow["replies"].as_array_mut().expect("per-turn replies") {
+        reply["delay_ms"] = json!(200);
+    }
+    let model = FakeModel::start(&dir, &slow);
+    let mut daemons: Vec<Daemon> =
+        names.iter().map(|name| Daemon::start_node(&dir.join(name), &model.base_url, Some(&url), Some(name))).collect();
+    let database = sqlx::PgPool::connect(&url).await.expect("the bench's database");
+    let mut takeovers = Vec::new();
+    for kill in 0..20 {
+        let victim = kill % names.len();
+        let driver = Driver::new(&daemons[victim].base);
+        let asked = driver.model_requests(&model).await;
+        let id = driver.submit().await;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while driver.model_requests(&model).await <= asked {
+            assert!(Instant::now() < deadline, "the run never reached the model");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let killed = Instant::now();
+        drop(daemons.remove(victim));
+        loop {
+            let epoch: i64 = sqlx::query_scalar("SELECT epoch FROM runs WHERE run_id = $1")
+                .bind(&id)
+                .fetch_one(&database)
+                .await
+                .expect("the run's epoch");
+            if epoch > 1 {
+                break;
+            }
+            assert!(killed.elapsed() < Duration::from_secs(60), "the run was never taken over");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        takeovers.push(killed.elapsed());
+        daemons.insert(
+            victim,
+            Daemon::start_node(&dir.join(names[victim]), &model.base_url, Some(&url), Some(names[victim])),
+        );
+    }
+    takeovers.sort();
+    println!(
+        "takeover after a kill (lease 5 s, heartbeat 1 s, claims every 0.5 s), 20 kills: min {:.2} s, p50 {:.2} s, p90 {:.2} s, max {:.2} s",
+        takeovers[0].as_secs_f64(),
+        percentile(&takeovers, 0.5) / 1e3,
+        percentile(&takeovers, 0.9) / 1e3,
+        takeovers[takeovers.len() - 1].as_secs_f64(),
+    );
+}
+
+/// CPU seconds of every PostgreSQL server process on this machine.
+fn postgres_cpu() -> f64 {
+    let Ok(processes) = std::fs::read_dir("/proc") else { return 0.0 };
+    processes
+        .flatten()
+        .filter(|entry| entry.file_name().to_string_lossy().bytes().all(|byte| byte.is_ascii_digit()))
+        .filter(|entry| {
+            std::fs::read_to_string(entry.path().join("comm")).is_ok_and(|name| name.starts_with("postgres"))
+        })
+        .map(|entry| thread_cpu(&entry.path().join("stat")))
+        .sum()
 }
 
 /// Turn 1: two parallel `text_stats` calls; turn 2: the answer.
@@ -180,6 +286,11 @@ struct Sample {
 
 impl Daemon {
     fn start(dir: &Path, model_url: &str, store_url: Option<&str>) -> Self {
+        Self::start_node(dir, model_url, store_url, None)
+    }
+
+    /// A node of a cluster when `node` names it.
+    fn start_node(dir: &Path, model_url: &str, store_url: Option<&str>, node: Option<&str>) -> Self {
         let agents = dir.join("agents");
         std::fs::create_dir_all(&agents).expect("a directory");
         std::fs::write(
@@ -212,6 +323,9 @@ impl Daemon {
             .stderr(log);
         if let Some(url) = store_url {
             command.env("TROUPE_DATABASE_URL", url);
+        }
+        if let Some(node) = node {
+            command.env("TROUPE_CLUSTER__ENABLED", "true").env("TROUPE_CLUSTER__NODE_NAME", node);
         }
         let mut child = command.spawn().expect("troupe serve starts");
         let base = first_line(&mut child, "troupe listening on ");
@@ -298,9 +412,13 @@ fn free_port() -> u16 {
 /// A database of its own on the PostgreSQL server at `base`, or `None` if the
 /// server is unreachable.
 async fn postgres_database(base: &str) -> Option<String> {
+    postgres_database_named(base, "daemon").await
+}
+
+async fn postgres_database_named(base: &str, label: &str) -> Option<String> {
     use sqlx::Connection;
     let mut connection = sqlx::PgConnection::connect(base).await.ok()?;
-    let name = format!("troupe_bench_daemon_{}", std::process::id());
+    let name = format!("troupe_bench_{label}_{}", std::process::id());
     sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name}"))).execute(&mut connection).await.ok()?;
     sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut connection).await.ok()?;
     let (server, _) = base.rsplit_once('/')?;
