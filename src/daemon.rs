@@ -85,8 +85,8 @@ impl Daemon {
             tasks.abort();
             if membership.lost.is_cancelled() {
                 anyhow::bail!(
-                    "this node lost its lease on the store (it was paused or cut off for longer than cluster.lease); \
-                     other nodes took its runs over: start it again to rejoin"
+                    "this node lost its place in the cluster (it was away for over an hour); other nodes took its runs \
+                     over: start it again to rejoin"
                 );
             }
             match membership.node.leave(&membership.pool).await {

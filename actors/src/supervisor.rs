@@ -74,6 +74,15 @@ pub enum SupervisorMsg {
         /// Its new slot.
         slot: Slot,
     },
+    /// Kills the run's session if it has one, without letting it commit: the
+    /// node has just claimed the run anew, so a session it still has is stale
+    /// (another node drove the run in between).
+    Discard {
+        /// The run.
+        run_id: RunId,
+        /// Done.
+        reply: RpcReplyPort<()>,
+    },
     /// How many runs have a live session.
     ActiveRuns {
         /// The count.
@@ -178,6 +187,15 @@ impl Actor for Supervisor {
                 if let Some(run) = state.runs.get_mut(&run_id).filter(|run| run.slot.is_none()) {
                     run.slot = Some(slot);
                 }
+            }
+            SupervisorMsg::Discard { run_id, reply } => {
+                if let Some(run) = state.runs.remove(&run_id) {
+                    state.sessions.remove(&run.session.get_id());
+                    run.session.kill();
+                    metrics::runs_active(state.runs.len());
+                    warn!(run_id = %run_id, "a stale session of a run claimed anew was killed");
+                }
+                let _ = reply.send(());
             }
             SupervisorMsg::ActiveRuns { reply } => {
                 let _ = reply.send(state.runs.len());

@@ -13,9 +13,9 @@
 //! and that its own lease has not expired (`fence`). A commit that fails the
 //! check writes nothing and returns [`StoreError::Fenced`]; its session stops.
 //! A claim takes the same rows `FOR UPDATE`, so a claim and a commit of one run
-//! never interleave: a run's commits land under one owner at a time. A node that
-//! cannot renew its lease in time stops (the daemon exits, for its service manager
-//! to start it again as a new node): by then its commits are already refused.
+//! never interleave: a run's commits land under one owner at a time. A node whose
+//! lease expired (by the database's clock) takes it back with the runs no other
+//! node claimed meanwhile (`reacquire`); the others are fenced off.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -112,9 +112,9 @@ impl Node {
         Ok(())
     }
 
-    /// Pushes the node's lease forward; `false` if it had expired (other nodes
-    /// may have claimed its runs: it must stop). Also forgets nodes gone for an
-    /// hour.
+    /// Pushes the node's lease forward, taking it again if it had expired
+    /// (`reacquire`); `false` if the node is no longer known (it must stop). Now and then also
+    /// forgets nodes gone for an hour and commands nobody read.
     pub async fn renew(&self, pool: &sqlx::PgPool) -> Result<bool, StoreError> {
         let renewed = sqlx::query(
             "UPDATE cluster_nodes SET lease_until = now() + make_interval(secs => $2) \
@@ -125,6 +125,13 @@ impl Node {
         .execute(pool)
         .await
         .map_err(backend)?;
+        if renewed.rows_affected() == 0 {
+            return self.reacquire(pool).await;
+        }
+        // Tidying, about once a minute at the default heartbeat.
+        if fastrand::u32(..60) != 0 {
+            return Ok(true);
+        }
         sqlx::query("DELETE FROM cluster_nodes WHERE lease_until < now() - interval '1 hour'")
             .execute(pool)
             .await
@@ -134,6 +141,53 @@ impl Node {
             .execute(pool)
             .await
             .map_err(backend)?;
+        Ok(true)
+    }
+
+    /// After the lease expired (the database was unreachable for longer than the
+    /// lease, as in a restart of PostgreSQL, or the node was paused): takes the
+    /// lease again, keeping the runs no other node claimed meanwhile; `false` if
+    /// the node's row is gone (it must stop).
+    async fn reacquire(&self, pool: &sqlx::PgPool) -> Result<bool, StoreError> {
+        let mut tx = pool.begin().await.map_err(backend)?;
+        let renewed = self.reacquire_in(&mut tx).await?;
+        tx.commit().await.map_err(backend)?;
+        if renewed {
+            tracing::warn!(node = %self.name, "this node's lease had expired: renewed");
+        }
+        Ok(renewed)
+    }
+
+    /// [`Node::reacquire`] inside `tx`: the node's runs' rows are locked while it
+    /// checks, so no claim passes in between (a claim that read the expired lease
+    /// before and lands after only fences this node off that run).
+    async fn reacquire_in(&self, tx: &mut sqlx::PgConnection) -> Result<bool, StoreError> {
+        let held: Vec<(String, i64)> =
+            self.epochs().iter().map(|(run_id, epoch)| (run_id.to_string(), *epoch)).collect();
+        let ids: Vec<&str> = held.iter().map(|(id, _)| id.as_str()).collect();
+        let stored: Vec<(String, Option<String>, i64)> =
+            sqlx::query_as("SELECT run_id, owner, epoch FROM runs WHERE run_id = ANY($1) FOR UPDATE")
+                .bind(&ids)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(backend)?;
+        let kept = |(id, epoch): &(String, i64)| {
+            stored.iter().any(|(stored, owner, at)| stored == id && owner.as_deref() == Some(&self.id) && at == epoch)
+        };
+        // Runs another node took meanwhile are its now: their sessions here are
+        // refused at their next commit, and stopped if this node claims them again.
+        let taken: Vec<RunId> = held.iter().filter(|run| !kept(run)).filter_map(|(id, _)| id.parse().ok()).collect();
+        if !taken.is_empty() {
+            tracing::warn!(node = %self.name, runs = taken.len(), "other nodes took runs of this node while its lease had expired");
+            self.forget(taken);
+        }
+        let renewed =
+            sqlx::query("UPDATE cluster_nodes SET lease_until = now() + make_interval(secs => $2) WHERE node_id = $1")
+                .bind(&self.id)
+                .bind(self.lease.as_secs_f64())
+                .execute(&mut *tx)
+                .await
+                .map_err(backend)?;
         Ok(renewed.rows_affected() == 1)
     }
 
@@ -198,9 +252,10 @@ impl Node {
 }
 
 /// Renews the node's lease every `every` until the store is dropped
-/// (`dropped`). If the lease expired (the database says so, or no renewal succeeded
-/// within the lease), cancels `lost` and stops: the node's commits are refused
-/// from then on, and its runs are claimed by others.
+/// (`dropped`). The database's clock decides: while renewals fail (it is
+/// unreachable), the node's commits fail too; once it answers, the lease is taken
+/// again with the runs nobody claimed meanwhile. If the node's row is gone,
+/// cancels `lost` and stops: the node must stop.
 pub(super) async fn heartbeat(
     node: std::sync::Arc<Node>,
     pool: sqlx::PgPool,
@@ -210,7 +265,6 @@ pub(super) async fn heartbeat(
 ) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut renewed = std::time::Instant::now();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -219,21 +273,17 @@ pub(super) async fn heartbeat(
         if node.left.load(std::sync::atomic::Ordering::SeqCst) {
             return;
         }
-        match tokio::time::timeout(every, node.renew(&pool)).await {
-            Ok(Ok(true)) => renewed = std::time::Instant::now(),
+        // A renewal slower than the lease could not have kept it anyway.
+        match tokio::time::timeout(node.lease, node.renew(&pool)).await {
+            Ok(Ok(true)) => {}
             Ok(Ok(false)) if node.left.load(std::sync::atomic::Ordering::SeqCst) => return,
             Ok(Ok(false)) => {
-                tracing::error!(node = %node.id, "this node's lease expired (it was paused or cut off): other nodes take its runs over");
+                tracing::error!(node = %node.id, "this node is no longer known to the cluster (gone for over an hour)");
                 lost.cancel();
                 return;
             }
             Ok(Err(error)) => tracing::warn!(node = %node.id, %error, "could not renew this node's lease"),
             Err(_) => tracing::warn!(node = %node.id, "renewing this node's lease timed out"),
-        }
-        if renewed.elapsed() >= node.lease {
-            tracing::error!(node = %node.id, lease = ?node.lease, "this node could not renew its lease in time: other nodes take its runs over");
-            lost.cancel();
-            return;
         }
     }
 }
@@ -254,24 +304,50 @@ pub(super) async fn fence(
         let held = node.epochs();
         runs.iter().map(|(run_id, key)| (*key, held.get(run_id).copied().unwrap_or(-1))).unzip()
     };
-    let kept: Vec<i64> = sqlx::query_scalar(
-        "SELECT r.run_key FROM runs r JOIN unnest($1::bigint[], $2::bigint[]) AS f (k, e) \
-         ON r.run_key = f.k AND r.epoch = f.e WHERE r.owner = $3 \
-         AND EXISTS (SELECT 1 FROM cluster_nodes n WHERE n.node_id = $3 AND n.lease_until > now()) \
-         FOR SHARE OF r",
-    )
-    .bind(&keys)
-    .bind(&epochs)
-    .bind(&node.id)
-    .fetch_all(&mut *tx)
-    .await
-    .map_err(backend)?;
+    let mut kept = still_held(&mut *tx, node, &keys, &epochs).await?;
+    if kept.len() < runs.len() {
+        // The node's own lease may have run out (the database was away for
+        // longer than the lease): it takes it again, and the runs nobody took
+        // meanwhile are still its own.
+        let alive: Option<bool> =
+            sqlx::query_scalar("SELECT lease_until > now() FROM cluster_nodes WHERE node_id = $1")
+                .bind(&node.id)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(backend)?;
+        if alive == Some(false) && node.reacquire_in(&mut *tx).await? {
+            tracing::warn!(node = %node.name, "this node's lease had expired: renewed");
+            kept = still_held(&mut *tx, node, &keys, &epochs).await?;
+        }
+    }
     let fenced: Vec<RunId> = runs.iter().filter(|(_, key)| !kept.contains(key)).map(|(run_id, _)| *run_id).collect();
     if !fenced.is_empty() {
         metrics::cluster_fenced(fenced.len());
         node.forget(fenced.iter().copied());
     }
     Ok(fenced)
+}
+
+/// The keys among `keys` this node owns at the matching `epochs`, while its lease
+/// holds, share-locked.
+async fn still_held(
+    tx: &mut sqlx::PgConnection,
+    node: &Node,
+    keys: &[i64],
+    epochs: &[i64],
+) -> Result<Vec<i64>, StoreError> {
+    sqlx::query_scalar(
+        "SELECT r.run_key FROM runs r JOIN unnest($1::bigint[], $2::bigint[]) AS f (k, e) \
+         ON r.run_key = f.k AND r.epoch = f.e WHERE r.owner = $3 \
+         AND EXISTS (SELECT 1 FROM cluster_nodes n WHERE n.node_id = $3 AND n.lease_until > now()) \
+         FOR SHARE OF r",
+    )
+    .bind(keys)
+    .bind(epochs)
+    .bind(&node.id)
+    .fetch_all(tx)
+    .await
+    .map_err(backend)
 }
 
 /// Makes the runs a group creates this node's (epoch 1), in its transaction.

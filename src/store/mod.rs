@@ -354,12 +354,24 @@ impl SqlStore {
             Pool::Postgres(_) => POSTGRES_MIGRATIONS,
         };
         with_pool!(self, |pool, postgres| {
+            // Nodes of a cluster may start together: one creates the table and
+            // migrates, the others wait for it (`CREATE TABLE IF NOT EXISTS` is
+            // not safe against a concurrent one).
+            let mut tx = pool.begin().await.map_err(backend)?;
+            if postgres {
+                sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                    .bind(MIGRATION_LOCK)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(backend)?;
+            }
             sqlx::query(
                 "CREATE TABLE IF NOT EXISTS troupe_migrations (version BIGINT PRIMARY KEY, applied_at TEXT NOT NULL)",
             )
-            .execute(pool)
+            .execute(&mut *tx)
             .await
             .map_err(backend)?;
+            tx.commit().await.map_err(backend)?;
             // A database a newer troupe migrated has tables this build would write
             // wrongly (or not at all): refuse it before touching anything.
             let newest: Option<i64> = sqlx::query_scalar("SELECT MAX(version) FROM troupe_migrations")
@@ -376,8 +388,6 @@ impl SqlStore {
             for (version, sql) in migrations {
                 let mut tx = pool.begin().await.map_err(backend)?;
                 if postgres {
-                    // Nodes of a cluster may start together: one migrates, the
-                    // others wait and then find it done.
                     sqlx::query("SELECT pg_advisory_xact_lock($1)")
                         .bind(MIGRATION_LOCK)
                         .execute(&mut *tx)

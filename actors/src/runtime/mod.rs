@@ -142,6 +142,8 @@ impl Runtime {
             info!(runs = unfinished.len(), "resuming unfinished runs");
         }
         for run_id in unfinished {
+            // A session still here for a run claimed anew is stale.
+            let _ = ractor::call!(self.supervisor, |reply| SupervisorMsg::Discard { run_id, reply });
             let Some(run) = self.shared.store.get_run(run_id).await? else { continue };
             if let Some(thread_id) = run.thread_id {
                 // The oldest unfinished run of a thread is its active one; the
