@@ -61,6 +61,9 @@ pub struct Node {
     epochs: Mutex<HashMap<RunId, i64>>,
     /// Set once it left the cluster: its heartbeat stops.
     left: std::sync::atomic::AtomicBool,
+    /// Runs claimed since the writer last looked: what it remembers of them may
+    /// be stale (another node may have driven them).
+    claimed: Mutex<Vec<RunId>>,
 }
 
 impl Node {
@@ -71,7 +74,13 @@ impl Node {
             lease: options.lease,
             epochs: Mutex::new(HashMap::new()),
             left: Default::default(),
+            claimed: Mutex::new(Vec::new()),
         }
+    }
+
+    /// The runs claimed since the last call (for the writer to forget).
+    pub(super) fn take_claimed(&self) -> Vec<RunId> {
+        std::mem::take(&mut *self.claimed.lock().unwrap_or_else(std::sync::PoisonError::into_inner))
     }
 
     fn epochs(&self) -> std::sync::MutexGuard<'_, HashMap<RunId, i64>> {
@@ -218,6 +227,7 @@ impl Node {
             claimed.push(run_id);
         }
         claimed.sort();
+        self.claimed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).extend(claimed.iter().copied());
         if !claimed.is_empty() {
             metrics::cluster_claimed(claimed.len(), takeovers);
             tracing::info!(node = %self.name, runs = claimed.len(), takeovers, "claimed runs no live node drives");

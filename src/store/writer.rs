@@ -86,10 +86,11 @@ const MAX_KNOWN: usize = 1 << 16;
 /// the writer is the only one that changes a run row while the store is open (the
 /// process owns the store, and retention deletes only ended runs, which are not
 /// kept). In a cluster, another node changes a run only after claiming it, which
-/// fences this node off it (its next commit is refused and drops it from here);
-/// and a node never claims a run it drove before (its id is new at every start,
-/// and it stops once its lease expired). It is updated only after a transaction committed, and emptied when one
-/// fails, so it never holds a state the database does not.
+/// fences this node off it (its next commit is refused and drops it from here),
+/// and a run this node claims is dropped from here before its next group (it may
+/// have been driven elsewhere since). It is updated only after a transaction
+/// committed, and emptied when one fails, so it never holds a state the database
+/// does not.
 type Known = Map<RunId, RunState>;
 
 /// What the writer keeps between groups.
@@ -492,6 +493,11 @@ async fn write_group(
     jobs: &[Job],
     memory: &mut Memory,
 ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
+    if let Some(node) = node {
+        for run_id in node.take_claimed() {
+            memory.known.remove(&run_id);
+        }
+    }
     let mut runs = Map::with_capacity_and_hasher(jobs.len(), Default::default());
     // Runs this group creates: there is nothing to read for them, nor for their
     // commits that follow in the group. (A run created twice fails its insert;
