@@ -428,3 +428,105 @@ async fn an_answer_sent_to_any_node_reaches_the_run() {
         .unwrap();
     assert_eq!(again.status(), 409, "the run is no longer waiting");
 }
+
+/// A PostgreSQL server of the test's own, so that it can be restarted: `initdb`
+/// and `pg_ctl` of the machine's PostgreSQL, run as the `postgres` user when the
+/// test runs as root (PostgreSQL refuses root).
+struct OwnPostgres {
+    dir: std::path::PathBuf,
+    port: u16,
+    bin: std::path::PathBuf,
+}
+
+impl OwnPostgres {
+    /// `None` where the machine has no PostgreSQL binaries (outside CI).
+    fn start() -> Option<Self> {
+        let bin = std::fs::read_dir("/usr/lib/postgresql").ok()?.flatten().map(|entry| entry.path().join("bin")).next();
+        let Some(bin) = bin.filter(|bin| bin.join("initdb").exists()) else {
+            assert!(std::env::var("CI").is_err(), "CI needs PostgreSQL's binaries under /usr/lib/postgresql");
+            eprintln!("SKIPPED: no PostgreSQL binaries");
+            return None;
+        };
+        let dir = std::env::temp_dir().join(format!("troupe-own-pg-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let server = Self { dir, port, bin };
+        if server.as_root() {
+            assert!(Command::new("chown").arg("postgres").arg(&server.dir).status().unwrap().success());
+        }
+        let data = server.dir.join("data");
+        server.run("initdb", &["-D", data.to_str().unwrap(), "-A", "trust", "-U", "postgres", "--no-sync"]);
+        server.pg_ctl("start");
+        Some(server)
+    }
+
+    fn as_root(&self) -> bool {
+        Command::new("id").arg("-u").output().is_ok_and(|out| String::from_utf8_lossy(&out.stdout).trim() == "0")
+    }
+
+    fn run(&self, tool: &str, args: &[&str]) {
+        let program = self.bin.join(tool);
+        let mut command = if self.as_root() {
+            let mut command = Command::new("runuser");
+            command.args(["-u", "postgres", "--"]).arg(program);
+            command
+        } else {
+            Command::new(program)
+        };
+        let output = command.args(args).output().unwrap();
+        assert!(output.status.success(), "{tool} {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+    }
+
+    fn pg_ctl(&self, action: &str) {
+        let options = format!("-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off", self.port, self.dir.display());
+        let data = self.dir.join("data");
+        let log = self.dir.join("server.log");
+        self.run(
+            "pg_ctl",
+            &["-D", data.to_str().unwrap(), "-l", log.to_str().unwrap(), "-o", &options, "-m", "fast", "-w", action],
+        );
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+}
+
+impl Drop for OwnPostgres {
+    fn drop(&mut self) {
+        let data = self.dir.join("data");
+        let _ =
+            std::panic::catch_unwind(|| self.run("pg_ctl", &["-D", data.to_str().unwrap(), "-m", "immediate", "stop"]));
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// PostgreSQL restarted (`pg_ctl restart`) while three nodes drive runs: they
+/// reconnect, and every run in flight resumes and ends once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_in_flight_finish_after_postgresql_restarts() {
+    let Some(server) = OwnPostgres::start() else { return };
+    let model = FakeOpenAi::start(Vec::new(), Some(slow_run(200))).await.unwrap();
+    let cluster = Cluster::new("pg-restart", server.url(), &model, "");
+    let nodes = [cluster.node("a"), cluster.node("b"), cluster.node("c")];
+    let mut runs = Vec::new();
+    for round in 0..12 {
+        runs.push(nodes[round % 3].post_run(&format!("request {round}"), "crash").await);
+    }
+    eventually(Duration::from_secs(30), "every run reached the model", || async { model.requests().len() >= 12 }).await;
+    server.pg_ctl("restart");
+    for id in &runs {
+        eventually(Duration::from_secs(60), &format!("run {id} succeeded"), || async {
+            status(&nodes[1], id).await == "succeeded"
+        })
+        .await;
+        check_events(id, &nodes[2].events(id).await);
+    }
+    for node in &nodes {
+        assert_eq!(get(node, "/readyz").await.0, 200, "every node is up: {}", node.log());
+    }
+    // A journal call cut off by the restart is reported interrupted, not made again.
+    let written = cluster.journal();
+    assert!(written.len() <= runs.len() && written.values().all(|count| *count == 1), "{written:?}");
+}
