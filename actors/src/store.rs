@@ -359,6 +359,14 @@ pub trait RunStore: Send + Sync + 'static {
         Ok(None)
     }
 
+    /// Gives back an unfinished run this process stopped driving without ending
+    /// it (its session gave up while the store was away), so that it is resumed:
+    /// by any node of a cluster, or by this process's next start (a store no
+    /// other process drives has nothing to do).
+    async fn release(&self, _run_id: RunId) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     /// Deletes one run that has ended, with everything it owns (events, messages,
     /// tool calls, plans, reviews, documents): `Ok(true)`; `Ok(false)` if it has
     /// not ended (nothing is deleted); `NotFound` if there is no such run.

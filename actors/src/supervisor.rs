@@ -33,6 +33,9 @@ pub use crate::shared::Handles;
 /// Tries at recording a run failed by a meltdown.
 const END_RUN_ATTEMPTS: u32 = 4;
 
+/// How often a run given up while the store was away is offered back.
+const RELEASE_RETRY: Duration = Duration::from_secs(5);
+
 /// Time limit of a model-backed review.
 const REVIEW_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -324,15 +327,21 @@ impl Supervisor {
             policy.max_restarts, policy.period
         );
         // Offloaded: the supervisor does not wait on the store. A store that is down
-        // gets a few tries; after that the run stays unfinished and the next start
-        // resumes it.
+        // gets a few tries; after that the run stays unfinished and is handed back
+        // (`RunStore::release`) to be resumed.
         tokio::spawn(async move {
             for attempt in 1..=END_RUN_ATTEMPTS {
                 match end_run(&shared, run_id, RunStatus::Failed, why.clone()).await {
                     Ok(()) => return,
                     Err(error) if attempt == END_RUN_ATTEMPTS => {
-                        error!(run_id = %run_id, %error, "could not record the failed run");
+                        error!(run_id = %run_id, %error, "could not record the failed run; it is handed back");
                         shared.hub.close(run_id);
+                        // Once the store answers, the run is resumed: by another
+                        // node of a cluster (or this one), or at the next start.
+                        while let Err(error) = shared.store.release(run_id).await {
+                            warn!(run_id = %run_id, %error, "could not hand the run back; retrying");
+                            tokio::time::sleep(RELEASE_RETRY).await;
+                        }
                     }
                     Err(error) => {
                         warn!(run_id = %run_id, %error, attempt, "could not record the failed run; retrying");

@@ -235,6 +235,28 @@ impl Node {
         Ok(claimed)
     }
 
+    /// Gives up one run the node stopped driving without ending it: any node
+    /// (this one too) claims it at once, woken on [`ORPHANS_CHANNEL`].
+    pub(super) async fn release(&self, pool: &sqlx::PgPool, run_id: RunId) -> Result<(), StoreError> {
+        let mut tx = pool.begin().await.map_err(backend)?;
+        let sql = format!("UPDATE runs SET owner = NULL WHERE run_id = $1 AND owner = $2 AND status IN {UNFINISHED}");
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(run_id.to_string())
+            .bind(&self.id)
+            .execute(&mut *tx)
+            .await
+            .map_err(backend)?;
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(ORPHANS_CHANNEL)
+            .bind(&self.id)
+            .execute(&mut *tx)
+            .await
+            .map_err(backend)?;
+        tx.commit().await.map_err(backend)?;
+        self.forget([run_id]);
+        Ok(())
+    }
+
     /// Gives up every run the node owns and leaves the cluster (graceful
     /// shutdown, after its sessions committed what they held): other nodes claim
     /// them at once, woken on [`ORPHANS_CHANNEL`].

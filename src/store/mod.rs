@@ -647,6 +647,14 @@ impl RunStore for SqlStore {
         })
     }
 
+    async fn release(&self, run_id: RunId) -> Result<(), StoreError> {
+        match (&self.node, &self.pool) {
+            (Some(node), Pool::Postgres(pool)) => node.release(pool, run_id).await,
+            // One process drives the store: its next start resumes the run.
+            _ => Ok(()),
+        }
+    }
+
     async fn tenant_usage(&self, tenant: &str, since: DateTime<Utc>) -> Result<Usage, StoreError> {
         // Run ids are UUIDv7, so "created at or after `since`" is a range of the
         // (tenant, run_id) index: from the lowest id of that millisecond.

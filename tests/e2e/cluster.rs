@@ -291,6 +291,13 @@ async fn a_commit_by_a_node_whose_run_was_claimed_is_refused() {
     b.commit(&turn(3)).await.unwrap();
     assert_eq!(b.events_after(run_id, 0, 10).await.unwrap().len(), 3, "only B's commit landed");
     assert!(b.unfinished_runs().await.unwrap().is_empty(), "a run is claimed once");
+
+    // A run B gives back (its session gave up while the store was away) is
+    // claimed again, by any node.
+    b.release(run_id).await.unwrap();
+    assert_eq!(a.unfinished_runs().await.unwrap(), vec![run_id], "a run given back is claimed again");
+    a.commit(&turn(4)).await.unwrap();
+    assert_eq!(b.commit(&turn(5)).await, Err(StoreError::Fenced(run_id)), "B let it go");
 }
 
 /// The crash test of `crash.rs` on a cluster: three nodes take runs that write a
