@@ -238,14 +238,31 @@ impl Node {
     /// Gives up one run the node stopped driving without ending it: any node
     /// (this one too) claims it at once, woken on [`ORPHANS_CHANNEL`].
     pub(super) async fn release(&self, pool: &sqlx::PgPool, run_id: RunId) -> Result<(), StoreError> {
+        self.give_up(pool, Some(run_id)).await?;
+        self.forget([run_id]);
+        Ok(())
+    }
+
+    /// Sets `owner = NULL` on `run` (or on every unfinished run of the node, and
+    /// then it leaves) and wakes the other nodes' claims, in one transaction.
+    async fn give_up(&self, pool: &sqlx::PgPool, run: Option<RunId>) -> Result<u64, StoreError> {
         let mut tx = pool.begin().await.map_err(backend)?;
-        let sql = format!("UPDATE runs SET owner = NULL WHERE run_id = $1 AND owner = $2 AND status IN {UNFINISHED}");
-        sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(run_id.to_string())
+        let sql = format!(
+            "UPDATE runs SET owner = NULL WHERE owner = $1 AND ($2::text IS NULL OR run_id = $2) AND status IN {UNFINISHED}"
+        );
+        let released = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(&self.id)
+            .bind(run.map(|run| run.to_string()))
             .execute(&mut *tx)
             .await
             .map_err(backend)?;
+        if run.is_none() {
+            sqlx::query("DELETE FROM cluster_nodes WHERE node_id = $1")
+                .bind(&self.id)
+                .execute(&mut *tx)
+                .await
+                .map_err(backend)?;
+        }
         sqlx::query("SELECT pg_notify($1, $2)")
             .bind(ORPHANS_CHANNEL)
             .bind(&self.id)
@@ -253,33 +270,18 @@ impl Node {
             .await
             .map_err(backend)?;
         tx.commit().await.map_err(backend)?;
-        self.forget([run_id]);
-        Ok(())
+        Ok(released.rows_affected())
     }
 
     /// Gives up every run the node owns and leaves the cluster (graceful
     /// shutdown, after its sessions committed what they held): other nodes claim
     /// them at once, woken on [`ORPHANS_CHANNEL`].
     pub async fn leave(&self, pool: &sqlx::PgPool) -> Result<u64, StoreError> {
-        let mut tx = pool.begin().await.map_err(backend)?;
-        let sql = format!("UPDATE runs SET owner = NULL WHERE owner = $1 AND status IN {UNFINISHED}");
-        let released = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(&self.id).execute(&mut *tx).await.map_err(backend)?;
-        sqlx::query("DELETE FROM cluster_nodes WHERE node_id = $1")
-            .bind(&self.id)
-            .execute(&mut *tx)
-            .await
-            .map_err(backend)?;
-        sqlx::query("SELECT pg_notify($1, $2)")
-            .bind(ORPHANS_CHANNEL)
-            .bind(&self.id)
-            .execute(&mut *tx)
-            .await
-            .map_err(backend)?;
-        tx.commit().await.map_err(backend)?;
+        let released = self.give_up(pool, None).await?;
         self.left.store(true, std::sync::atomic::Ordering::SeqCst);
         let held: Vec<RunId> = self.epochs().keys().copied().collect();
         self.forget(held);
-        Ok(released.rows_affected())
+        Ok(released)
     }
 }
 
