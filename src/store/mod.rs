@@ -354,17 +354,24 @@ impl SqlStore {
             Pool::Postgres(_) => POSTGRES_MIGRATIONS,
         };
         with_pool!(self, |pool, postgres| {
-            // Nodes of a cluster may start together: one creates the table and
-            // migrates, the others wait for it (`CREATE TABLE IF NOT EXISTS` is
+            // Nodes of a cluster may start together: each step of migrating runs in
+            // a transaction under one advisory lock, so one node creates the table
+            // and migrates while the others wait (`CREATE TABLE IF NOT EXISTS` is
             // not safe against a concurrent one).
-            let mut tx = pool.begin().await.map_err(backend)?;
-            if postgres {
-                sqlx::query("SELECT pg_advisory_xact_lock($1)")
-                    .bind(MIGRATION_LOCK)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(backend)?;
+            macro_rules! locked {
+                () => {{
+                    let mut tx = pool.begin().await.map_err(backend)?;
+                    if postgres {
+                        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                            .bind(MIGRATION_LOCK)
+                            .execute(&mut *tx)
+                            .await
+                            .map_err(backend)?;
+                    }
+                    tx
+                }};
             }
+            let mut tx = locked!();
             sqlx::query(
                 "CREATE TABLE IF NOT EXISTS troupe_migrations (version BIGINT PRIMARY KEY, applied_at TEXT NOT NULL)",
             )
@@ -386,14 +393,7 @@ impl SqlStore {
                 )));
             }
             for (version, sql) in migrations {
-                let mut tx = pool.begin().await.map_err(backend)?;
-                if postgres {
-                    sqlx::query("SELECT pg_advisory_xact_lock($1)")
-                        .bind(MIGRATION_LOCK)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(backend)?;
-                }
+                let mut tx = locked!();
                 let done: Option<i64> = sqlx::query_scalar("SELECT version FROM troupe_migrations WHERE version = $1")
                     .bind(*version)
                     .fetch_optional(&mut *tx)

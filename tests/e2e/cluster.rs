@@ -103,6 +103,13 @@ async fn post(node: &Served, path: &str) -> (u16, Value) {
     (status, response.json().await.unwrap_or(Value::Null))
 }
 
+/// Sends `text` as the answer to run `id`'s question through `node`: the status.
+async fn answer(node: &Served, id: &str, text: &str) -> u16 {
+    let url = node.url(&format!("/v1/runs/{id}/input"));
+    let body = serde_json::json!({ "text": text });
+    reqwest::Client::new().post(url).bearer_auth(TOKEN).json(&body).send().await.unwrap().status().as_u16()
+}
+
 async fn status(node: &Served, id: &str) -> String {
     get(node, &format!("/v1/runs/{id}")).await.1["status"].as_str().unwrap_or_default().to_owned()
 }
@@ -411,14 +418,7 @@ async fn an_answer_sent_to_any_node_reaches_the_run() {
         status(&b, &id).await == "waiting_input"
     })
     .await;
-    let response = reqwest::Client::new()
-        .post(b.url(&format!("/v1/runs/{id}/input")))
-        .bearer_auth(TOKEN)
-        .json(&serde_json::json!({"text": "Tuesday"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 202);
+    assert_eq!(answer(&b, &id, "Tuesday").await, 202);
     check_events(&id, &b.events(&id).await);
     let (_, run) = get(&a, &format!("/v1/runs/{id}")).await;
     assert_eq!(
@@ -426,14 +426,7 @@ async fn an_answer_sent_to_any_node_reaches_the_run() {
         (Some("succeeded"), Some("Booked for Tuesday."))
     );
     assert!(model.requests().last().unwrap().body.to_string().contains("Tuesday"), "the model got the answer");
-    let again = reqwest::Client::new()
-        .post(b.url(&format!("/v1/runs/{id}/input")))
-        .bearer_auth(TOKEN)
-        .json(&serde_json::json!({"text": "Wednesday"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(again.status(), 409, "the run is no longer waiting");
+    assert_eq!(answer(&b, &id, "Wednesday").await, 409, "the run is no longer waiting");
 }
 
 /// A PostgreSQL server of the test's own, so that it can be restarted: `initdb`
