@@ -441,21 +441,6 @@ fn block_on(future: impl std::future::Future<Output = anyhow::Result<ExitCode>>)
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(future)
 }
 
-/// The runtime of a command that runs troupe in this process. On a SQLite store,
-/// one worker thread per core but one, left to SQLite's own thread: on 2 cores the
-/// daemon then spends 10 – 15 % less CPU a turn with 50 runs in flight at the same
-/// throughput, and half the context switches (see BENCHMARKS.md). On PostgreSQL,
-/// tokio's default (one per core): there one worker cost throughput.
-/// `TOKIO_WORKER_THREADS` sets the number in either case.
-fn runtime_for(config: &troupe::config::Config, env: &Environment) -> std::io::Result<tokio::runtime::Runtime> {
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if env.var("TOKIO_WORKER_THREADS").is_none() && config.store_url().starts_with("sqlite:") {
-        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
-        builder.worker_threads(cores.saturating_sub(1).max(1));
-    }
-    builder.enable_all().build()
-}
-
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Run { question, agent, follow, remote } => {
@@ -546,7 +531,10 @@ fn in_process(
         _ => config_file,
     };
     let mut config = setup::load_config(Overrides { config_file, data_dir, bind }, &env)?;
-    let runtime = runtime_for(&config, &env)?;
+    // tokio's default, one worker per core (`TOKIO_WORKER_THREADS` sets the number):
+    // on 2 cores with a SQLite store, one worker spends less CPU a turn with one
+    // client, two carry 45 % more turns a second with 50 runs in flight (BENCHMARKS.md).
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let agents_dir = setup::agents_dir(agents_dir);
     if let Command::Config { command: ConfigCommand::Check { .. } } = command {
         // Model clients are built as serve builds them, inside a runtime.

@@ -4,6 +4,8 @@
 
 use sqlx::Arguments;
 
+use crate::store::direct::{Value, Values};
+
 /// At most this many rows per statement (a power of two). With 23 columns at most,
 /// far under SQLite's limit of bound parameters (32,766) and PostgreSQL's (65,535).
 const MAX_ROWS: usize = 64;
@@ -23,6 +25,13 @@ impl<A: Arguments> Binder<'_, A> {
         if let Err(error) = self.arguments.add(value) {
             self.error.get_or_insert(error);
         }
+        self
+    }
+}
+
+impl Binder<'_, Values> {
+    pub(super) fn push_bind(&mut self, value: impl Into<Value>) -> &mut Self {
+        self.arguments.push(value.into());
         self
     }
 }

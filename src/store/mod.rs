@@ -8,11 +8,13 @@
 //! (group commit) and answers each caller after it committed; `group.rs` checks
 //! and merges a group in memory, `read.rs` reads the runs a group commits to,
 //! `binding.rs` builds its multi-row statements, `encode.rs` encodes events and
-//! times, and `sql.rs` holds what these files share (the pool, column access). Reads use the pool. On SQLite a write transaction
-//! begins `IMMEDIATE` (no upgrade deadlocks), and a group's statements go to the
-//! connection's thread as one script: one round trip (two thread wake-ups) per
-//! group instead of one per statement. The writer keeps the committed row of
-//! every unfinished run, so a group reads only the runs it does not know yet (and
+//! times, and `sql.rs` holds what these files share (the pool, column access).
+//! On SQLite the writer has a connection of its own that it uses in place, on its
+//! task (`direct.rs`), as do the reads every run's stream makes (the run, its
+//! events); other reads use sqlx's pool. A write transaction begins `IMMEDIATE`
+//! (no upgrade deadlocks). The writer keeps the committed row of every unfinished
+//! run, so a group reads only the runs it does not know yet (and
+//! not those it creates), and
 //! not those it creates), and
 //! allocates each new run's integer key (`run_key`), which the child tables name
 //! their run by (schema v7); reads find a run by its id, then its rows by its key.
@@ -21,10 +23,10 @@
 //!
 //! SQLite runs in WAL mode with `synchronous = NORMAL`: a commit survives a killed
 //! process, but a power loss may lose the last commits (PostgreSQL's commits are
-//! durable when they return). A database the store creates has 16 KiB pages
-//! (SQLite's default is 4 KiB; a database created with smaller pages keeps them):
-//! a group writes a quarter as many pages for about the same bytes, since its rows
-//! are appended together. Every connection checkpoints the WAL into the database
+//! durable when they return). A database the store creates has 4 KiB pages (as
+//! SQLite's default; one created with 16 KiB pages keeps them): a commit of one
+//! run writes each page it changes whole into the WAL, and most commits are
+//! small. Every connection checkpoints the WAL into the database
 //! once it holds 32 MiB (`CHECKPOINT_WAL_BYTES`, turned into pages from the
 //! database's page size) rather than SQLite's default of 1,000 pages: a group
 //! writes hundreds of pages, many of them the same index pages group after group,
@@ -54,13 +56,15 @@ use troupe_actors::store::{
 };
 
 pub use crate::store::cluster::{ClusterOptions, Node};
+use crate::store::direct::{Direct, Readers};
 use crate::store::encode::{read_batch, stamp};
 use crate::store::group::Job;
 use crate::store::sql::{Columns, Pool, backend, parse, time};
-use crate::store::writer::Writer;
+use crate::store::writer::{Backend, Writer};
 
 mod binding;
 pub mod cluster;
+mod direct;
 mod encode;
 mod group;
 mod read;
@@ -94,7 +98,7 @@ const POSTGRES_MIGRATIONS: &[(i64, &str)] = &[
 ];
 
 /// The page size of a SQLite database the store creates.
-const PAGE_SIZE: u32 = 16 * 1024;
+const PAGE_SIZE: u32 = 4 * 1024;
 
 /// The size of WAL at which SQLite copies it back into the database (a checkpoint).
 const CHECKPOINT_WAL_BYTES: i64 = 32 * 1024 * 1024;
@@ -136,6 +140,8 @@ pub struct SqlStore {
     pool: Pool,
     /// Every write (run creations and commits) goes through the one writer task.
     writer: Writer,
+    /// SQLite: the connections a run's stream reads through (see `direct.rs`).
+    readers: Option<Arc<Readers>>,
     /// This process's claim on the store, held while any clone lives: exclusive,
     /// or shared by the nodes of a cluster.
     _owner: Arc<Owner>,
@@ -229,11 +235,12 @@ impl SqlStore {
     }
 
     async fn open(url: &str, cluster: Option<&ClusterOptions>) -> Result<Self, StoreError> {
-        // The writer has a pool of one connection of its own: every group runs on
-        // the same connection, so its statements stay prepared (a shared pool
-        // hands out its connections in turn, each preparing every shape again),
-        // and reads never wait behind a group's transaction for a connection.
-        let (pool, writer_pool, owner) = if url.starts_with("sqlite:") {
+        // The writer has a connection of its own: every group runs on the same
+        // connection, so its statements stay prepared (a shared pool hands out its
+        // connections in turn, each preparing every shape again), and reads never
+        // wait behind a group's transaction for a connection.
+        let mut readers = None;
+        let (pool, writer, owner) = if url.starts_with("sqlite:") {
             let options = SqliteConnectOptions::from_str(url)
                 .map_err(backend)?
                 .create_if_missing(true)
@@ -242,20 +249,16 @@ impl SqlStore {
                 // a power loss may roll back the last commits.
                 .synchronous(SqliteSynchronous::Normal)
                 .busy_timeout(Duration::from_secs(10))
-                // Room for every statement shape the writer keeps prepared.
-                .statement_cache_capacity(256)
-                // A group writes thousands of rows: a page cache of 64 MiB (instead
-                // of 2 MiB) keeps the indexes it descends in memory rather than
-                // re-reading and spilling pages mid-transaction, and statement
-                // journals stay in memory instead of spilling to temp files.
-                .pragma("cache_size", "-65536")
+                // Readers keep a page cache of 8 MiB each: what they read was just
+                // written (the operating system's cache has it), and large replies
+                // read back (final outputs, events) would otherwise stay held by
+                // every one. (The writer's connection is configured in `direct.rs`.)
+                .pragma("cache_size", "-8192")
                 .pragma("temp_store", "memory")
-                // Pages of 16 KiB instead of 4 (for a database this creates; an
-                // existing one keeps its own): a group commit writes the pages
-                // its rows and index entries land on, and with larger pages it
-                // writes a quarter as many (a quarter of the `pwrite` and `pread`
-                // calls, of the WAL frame headers and checksums), for about the
-                // same bytes, since the rows of a group are appended together.
+                // Pages of 4 KiB (for a database this creates; an existing one
+                // keeps its own): the WAL takes each page a commit changes whole,
+                // and most commits are of one run, a few rows. With 16 KiB pages a
+                // run with one client cost 15 % more CPU a turn (BENCHMARKS.md).
                 .page_size(PAGE_SIZE)
                 // A database this creates can give deleted rows' pages back
                 // (`compact`, after retention); an existing one keeps its mode.
@@ -271,30 +274,19 @@ impl SqlStore {
             if lock.try_lock().is_err() {
                 return Err(already_owned(&options.get_filename().display().to_string()));
             }
-            // The writer's connection does not enforce foreign keys: every job it
-            // writes names a run the group has read (or knows) in the same
-            // transaction and refuses it if there is none (`group::plan`), so each
-            // child row's lookup of its run would repeat that check (5 % of a
-            // durable turn's instructions). The other connections enforce them,
-            // and retention's deletes, made there, cascade to the children.
-            // A connection to a local file cannot go stale: no ping (a round trip to
-            // its thread) before each use.
-            let writer = SqlitePoolOptions::new()
-                .max_connections(1)
-                .test_before_acquire(false)
-                .acquire_timeout(Duration::from_secs(10));
-            let writer = writer.after_connect(|connection, _| Box::pin(checkpoint_at_wal_size(connection)));
-            let writer = writer.connect_with(options.clone().foreign_keys(false)).await.map_err(backend)?;
             let pool = SqlitePoolOptions::new()
                 .max_connections(4)
+                // A connection to a local file cannot go stale: no ping (a round
+                // trip to its thread) before each use.
                 .test_before_acquire(false)
                 .acquire_timeout(Duration::from_secs(10));
             let pool = pool.after_connect(|connection, _| Box::pin(checkpoint_at_wal_size(connection)));
-            // Readers keep a page cache of 8 MiB each: what they read was just
-            // written (the operating system's cache has it), and large replies read
-            // back (final outputs, events) would otherwise stay held by every one.
-            let readers = options.pragma("cache_size", "-8192");
-            (Pool::Sqlite(pool.connect_with(readers).await.map_err(backend)?), Pool::Sqlite(writer), Owner::File(lock))
+            // Connecting opens a connection, which creates the database with the
+            // settings above before the writer opens it.
+            let pool = pool.connect_with(options.clone()).await.map_err(backend)?;
+            let writer = Direct::open(options.get_filename(), CHECKPOINT_WAL_BYTES)?;
+            readers = Some(Arc::new(Readers::new(options.get_filename())));
+            (Pool::Sqlite(pool), Backend::Sqlite(writer), Owner::File(lock))
         } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
             // One plain connection first: a server that is down or refuses us fails
             // at once with its own reason, not with a pool timeout.
@@ -323,7 +315,7 @@ impl SqlStore {
             }
             let writer = PgPoolOptions::new().max_connections(1).acquire_timeout(Duration::from_secs(10));
             let writer = writer.connect(url).await.map_err(backend)?;
-            (Pool::Postgres(pool), Pool::Postgres(writer), Owner::Postgres(std::sync::Mutex::new(owner)))
+            (Pool::Postgres(pool), Backend::Postgres(writer), Owner::Postgres(std::sync::Mutex::new(owner)))
         } else {
             return Err(StoreError::Backend(format!("unsupported store URL {url:?}: use sqlite://… or postgres://…")));
         };
@@ -332,7 +324,8 @@ impl SqlStore {
             _ => None,
         };
         let store = Self {
-            writer: Writer::spawn(writer_pool, node.clone()),
+            writer: Writer::spawn(writer, node.clone()),
+            readers,
             pool,
             _owner: Arc::new(owner),
             node,
@@ -498,6 +491,16 @@ impl RunStore for SqlStore {
 
     async fn get_run(&self, run_id: RunId) -> Result<Option<RunRecord>, StoreError> {
         let id = run_id.to_string();
+        if let Some(readers) = &self.readers {
+            let sql = format!("SELECT {RUN_COLUMNS} FROM runs_now WHERE run_id = ?");
+            return readers
+                .read(|connection| {
+                    let mut statement = connection.prepare_cached(&sql)?;
+                    let mut rows = statement.query([&id])?;
+                    Ok(rows.next()?.map(run_from_row))
+                })?
+                .transpose();
+        }
         with_pool!(self, |pool, _postgres| {
             let sql = sqlx::AssertSqlSafe(format!("SELECT {RUN_COLUMNS} FROM runs_now WHERE run_id = $1"));
             let row = sqlx::query(sql).bind(&id).fetch_optional(pool).await.map_err(backend)?;
@@ -560,32 +563,40 @@ impl RunStore for SqlStore {
 
     async fn events_after(&self, run_id: RunId, after: u64, limit: usize) -> Result<Vec<RunEvent>, StoreError> {
         let id = run_id.to_string();
-        with_pool!(self, |pool, _postgres| {
-            // One query: a run with nothing after `after` gives one row with no
-            // body, an unknown run none. A row of `run_events` holds the events of
-            // one commit (at least one): `limit` rows from the one holding
-            // `after + 1` hold at least `limit` events after it.
-            let rows: Vec<Option<String>> = sqlx::query_scalar(
-                "SELECT run_events.body FROM runs LEFT JOIN run_events ON run_events.run_key = runs.run_key \
-                 AND run_events.last_seq > $2 WHERE runs.run_id = $1 ORDER BY run_events.last_seq LIMIT $3",
-            )
-            .bind(&id)
-            .bind(after as i64)
-            .bind(limit.clamp(1, i64::MAX as usize) as i64)
-            .fetch_all(pool)
-            .await
-            .map_err(backend)?;
-            if rows.is_empty() {
-                return Err(StoreError::NotFound(run_id));
-            }
-            let bodies = rows.into_iter().flatten();
-            let mut events = Vec::new();
-            for body in bodies {
-                events.extend(read_batch(&body, run_id)?.into_iter().filter(|event| event.seq > after));
-            }
-            events.truncate(limit);
-            Ok(events)
-        })
+        // One query: a run with nothing after `after` gives one row with no body,
+        // an unknown run none. A row of `run_events` holds the events of one
+        // commit (at least one): `limit` rows from the one holding `after + 1`
+        // hold at least `limit` events after it.
+        const SQL: &str = "SELECT run_events.body FROM runs LEFT JOIN run_events ON run_events.run_key = runs.run_key \
+                           AND run_events.last_seq > $2 WHERE runs.run_id = $1 ORDER BY run_events.last_seq LIMIT $3";
+        let (after_key, limit_key) = (after as i64, limit.clamp(1, i64::MAX as usize) as i64);
+        let rows: Vec<Option<String>> = match &self.readers {
+            Some(readers) => readers.read(|connection| {
+                // SQLite reads `$N` as a parameter named so.
+                let mut statement = connection.prepare_cached(SQL)?;
+                let values = rusqlite::named_params! {"$1": id, "$2": after_key, "$3": limit_key};
+                let rows = statement.query_map(values, |row| row.get(0))?;
+                rows.collect()
+            })?,
+            None => with_pool!(self, |pool, _postgres| {
+                sqlx::query_scalar(SQL)
+                    .bind(&id)
+                    .bind(after_key)
+                    .bind(limit_key)
+                    .fetch_all(pool)
+                    .await
+                    .map_err(backend)?
+            }),
+        };
+        if rows.is_empty() {
+            return Err(StoreError::NotFound(run_id));
+        }
+        let mut events = Vec::new();
+        for body in rows.into_iter().flatten() {
+            events.extend(read_batch(&body, run_id)?.into_iter().filter(|event| event.seq > after));
+        }
+        events.truncate(limit);
+        Ok(events)
     }
 
     async fn list_runs(&self, query: RunQuery) -> Result<Vec<RunRecord>, StoreError> {
@@ -932,30 +943,29 @@ mod tests {
         sqlx::query_scalar("PRAGMA wal_autocheckpoint").fetch_one(pool).await.unwrap()
     }
 
-    /// A store the daemon creates has 16 KiB pages; one created before keeps its 4
-    /// KiB pages; both checkpoint at 32 MiB of WAL, whatever their page size.
+    /// A store the daemon creates has 4 KiB pages; one created before with 16 KiB
+    /// pages keeps them; both checkpoint at 32 MiB of WAL, whatever their page size.
     #[tokio::test]
-    async fn new_stores_have_large_pages_and_every_store_checkpoints_at_32_mib() {
+    async fn new_stores_have_small_pages_and_every_store_checkpoints_at_32_mib() {
         let dir = std::env::temp_dir().join(format!("troupe-pages-{}", RunId::new()));
         let (new, old) = (dir.join("new.db"), dir.join("old.db"));
         let store = SqlStore::connect(&format!("sqlite://{}", new.display())).await.unwrap();
         let Pool::Sqlite(pool) = &store.pool else { unreachable!() };
-        assert_eq!(wal_autocheckpoint(pool).await, 2048);
+        assert_eq!(wal_autocheckpoint(pool).await, 8192);
         drop(store);
-        assert_eq!(page_size_on_disk(&new), 16 * 1024);
+        assert_eq!(page_size_on_disk(&new), 4096);
 
         std::fs::create_dir_all(&dir).unwrap();
         let options = SqliteConnectOptions::from_str(&format!("sqlite://{}", old.display())).unwrap();
-        let before = SqlitePool::connect_with(options.create_if_missing(true).journal_mode(SqliteJournalMode::Wal))
-            .await
-            .unwrap();
+        let options = options.create_if_missing(true).journal_mode(SqliteJournalMode::Wal).page_size(16 * 1024);
+        let before = SqlitePool::connect_with(options).await.unwrap();
         sqlx::query("CREATE TABLE made_before (x INTEGER)").execute(&before).await.unwrap();
         before.close().await;
         let store = SqlStore::connect(&format!("sqlite://{}", old.display())).await.unwrap();
         let Pool::Sqlite(pool) = &store.pool else { unreachable!() };
-        assert_eq!(wal_autocheckpoint(pool).await, 8192);
+        assert_eq!(wal_autocheckpoint(pool).await, 2048);
         drop(store);
-        assert_eq!(page_size_on_disk(&old), 4096);
+        assert_eq!(page_size_on_disk(&old), 16 * 1024);
         let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -3,6 +3,7 @@
 
 use troupe_actors::store::StoreError;
 
+use crate::store::direct::{Direct, Values};
 use crate::store::group::RunState;
 use crate::store::sql::{Columns, Text, backend};
 
@@ -10,18 +11,24 @@ use crate::store::sql::{Columns, Text, backend};
 const READ_COLUMNS: &str = "run_key, run_id, tenant, status, reason, turn, usage, final_output, last_seq, \
                             message_count, tool_count, document_count, updated_at";
 
-/// The stored runs among `ids`, on SQLite: `IN` over the unique index on `run_id`.
-pub(super) async fn read_sqlite(
-    connection: &mut sqlx::SqliteConnection,
+/// Calls `each` with the stored runs among `ids`, on SQLite (the writer's own
+/// connection): `IN` over the unique index on `run_id`, each run once.
+pub(super) fn read_sqlite(
+    db: &mut Direct,
     ids: &[&Text],
-) -> Result<Vec<sqlx::sqlite::SqliteRow>, StoreError> {
-    let mut select = sqlx::QueryBuilder::new(format!("SELECT {READ_COLUMNS} FROM runs_now WHERE run_id IN ("));
-    let mut list = select.separated(", ");
-    for id in ids {
-        list.push_bind(Text::clone(id));
+    each: impl FnMut(&rusqlite::Row<'_>) -> Result<(), StoreError>,
+) -> Result<(), StoreError> {
+    let Some(last) = ids.last() else { return Ok(()) };
+    // As many ids as the next power of two (the last one repeated), so that a few
+    // statement shapes stay prepared.
+    let mut sql = format!("SELECT {READ_COLUMNS} FROM runs_now WHERE run_id IN (");
+    let mut values = Values::default();
+    for at in 0..ids.len().next_power_of_two() {
+        sql.push_str(if at == 0 { "?" } else { ", ?" });
+        values.push(Text::clone(ids.get(at).unwrap_or(last)).into());
     }
-    select.push(")");
-    select.build().fetch_all(connection).await.map_err(backend)
+    sql.push(')');
+    db.select(&sql, &mut values, each)
 }
 
 /// The stored runs among `ids`, on PostgreSQL: one index lookup per id. With

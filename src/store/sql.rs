@@ -38,6 +38,11 @@ pub(super) fn backend(error: sqlx::Error) -> StoreError {
     StoreError::Backend(error.to_string())
 }
 
+/// A store error of a failed call on a SQLite connection used in place (`direct.rs`).
+pub(super) fn failed(error: rusqlite::Error) -> StoreError {
+    StoreError::Backend(error.to_string())
+}
+
 /// A value stored as JSON text.
 pub(super) fn parse<T: DeserializeOwned>(text: &str) -> Result<T, StoreError> {
     serde_json::from_str(text).map_err(|error| StoreError::Backend(format!("cannot decode a stored row: {error}")))
@@ -58,19 +63,21 @@ pub(super) trait Columns {
 }
 
 macro_rules! columns_for {
-    ($row:ty) => {
+    ($row:ty, $get:ident, $error:path) => {
         impl Columns for $row {
             fn text(&self, column: &str) -> Result<String, StoreError> {
-                self.try_get(column).map_err(backend)
+                self.$get(column).map_err($error)
             }
             fn optional(&self, column: &str) -> Result<Option<String>, StoreError> {
-                self.try_get(column).map_err(backend)
+                self.$get(column).map_err($error)
             }
             fn int(&self, column: &str) -> Result<i64, StoreError> {
-                self.try_get(column).map_err(backend)
+                self.$get(column).map_err($error)
             }
         }
     };
 }
-columns_for!(SqliteRow);
-columns_for!(PgRow);
+columns_for!(SqliteRow, try_get, backend);
+columns_for!(PgRow, try_get, backend);
+// The rows of the SQLite connections used in place (`direct.rs`).
+columns_for!(rusqlite::Row<'_>, get, failed);

@@ -618,6 +618,43 @@ async fn one_process_drives_a_store_at_a_time() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// The SQLite writer runs its statements on the task's own thread: while another
+/// connection holds the database's write lock, a commit waits asleep (the runtime,
+/// here a single thread, goes on) and lands once the lock is released.
+#[tokio::test(flavor = "current_thread")]
+async fn a_sqlite_commit_waits_for_the_write_lock_without_holding_the_runtime() {
+    let (store, dir) = sqlite().await;
+    let store = Arc::new(store);
+    let run_id = RunId::new();
+    store.create_run(record(run_id, "acme"), vec![event(run_id, 1, EventKind::TurnStart { turn: 1 })]).await.unwrap();
+    let path = dir.join("nested").join("troupe.db");
+    let mut holder =
+        <sqlx::SqliteConnection as sqlx::Connection>::connect(&format!("sqlite://{}", path.display())).await.unwrap();
+    sqlx::query("BEGIN IMMEDIATE").execute(&mut holder).await.unwrap();
+
+    let committing = tokio::spawn({
+        let store = store.clone();
+        async move {
+            let events = vec![event(run_id, 2, EventKind::TurnStart { turn: 2 })];
+            store.commit(&Commit { run_id, writes: vec![], events }).await
+        }
+    });
+    // A writer stuck in SQLite's busy wait would hold this thread until the commit
+    // gave up (10 s): this short sleep would end that late.
+    let slept = std::time::Instant::now();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(slept.elapsed() < Duration::from_secs(3), "the runtime was held for {:?}", slept.elapsed());
+    assert!(!committing.is_finished(), "the commit landed while another connection held the write lock");
+    // Reads go on meanwhile.
+    assert_eq!(store.events_after(run_id, 0, 10).await.unwrap().len(), 1);
+
+    sqlx::query("COMMIT").execute(&mut holder).await.unwrap();
+    committing.await.unwrap().expect("the commit lands once the lock is free");
+    let seqs: Vec<u64> = store.events_after(run_id, 0, 10).await.unwrap().iter().map(|event| event.seq).collect();
+    assert_eq!(seqs, [1, 2]);
+    drop(store);
+    let _ = std::fs::remove_dir_all(dir);
+}
 /// The integer key of a run's rows in the child tables, read straight from the file.
 async fn run_key(path: &std::path::Path, run_id: RunId) -> i64 {
     let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", path.display())).await.unwrap();

@@ -1,0 +1,262 @@
+//! The SQLite writer's own connection, used in place on the writer's task: a
+//! group's statements run where the group was planned, with no hand-off to a
+//! connection thread and back (sqlx runs each SQLite connection on a thread of
+//! its own, which cost two thread wake-ups a commit: most of a commit's cost with
+//! one client).
+//!
+//! A statement here holds the task's thread for as long as SQLite works on it
+//! (tens of microseconds for a small group; a WAL checkpoint, every 32 MiB of
+//! WAL, longer). The one wait that could be long, for the database's write lock
+//! while another connection of the store holds it (retention's deletes, a
+//! thread's changes), is not spent in SQLite: `BEGIN IMMEDIATE` fails at once
+//! when the lock is taken and is tried again after an asynchronous sleep.
+
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::types::{ToSql, ToSqlOutput, ValueRef};
+use rusqlite::{Connection, ErrorCode, OpenFlags};
+use troupe_actors::store::StoreError;
+
+use crate::store::sql::{Text, failed};
+
+/// How long a group waits for the write lock before it fails (as sqlx's
+/// `busy_timeout` on the store's other connections).
+const LOCK_WAIT: Duration = Duration::from_secs(10);
+
+/// The statements a connection keeps prepared: every shape a group writes (a
+/// handful per table, see `binding::chunk_len`), and the reads.
+const STATEMENT_CACHE: usize = 256;
+
+/// A value bound to a statement of the writer.
+pub(super) enum Value {
+    Int(i64),
+    Text(Text),
+    Static(&'static str),
+    Null,
+}
+
+impl ToSql for Value {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(ToSqlOutput::Borrowed(match self {
+            Value::Int(value) => ValueRef::Integer(*value),
+            Value::Text(text) => ValueRef::Text(text.as_bytes()),
+            Value::Static(text) => ValueRef::Text(text.as_bytes()),
+            Value::Null => ValueRef::Null,
+        }))
+    }
+}
+
+impl From<i64> for Value {
+    fn from(value: i64) -> Self {
+        Value::Int(value)
+    }
+}
+
+impl From<Text> for Value {
+    fn from(text: Text) -> Self {
+        Value::Text(text)
+    }
+}
+
+impl From<Option<Text>> for Value {
+    fn from(text: Option<Text>) -> Self {
+        text.map_or(Value::Null, Value::Text)
+    }
+}
+
+impl From<&'static str> for Value {
+    fn from(text: &'static str) -> Self {
+        Value::Static(text)
+    }
+}
+
+/// The values of the statement being built, in order.
+#[derive(Default)]
+pub(super) struct Values(Vec<Value>);
+
+impl Values {
+    pub(super) fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub(super) fn push(&mut self, value: Value) {
+        self.0.push(value);
+    }
+}
+
+/// The writer's connection to a SQLite store.
+pub(super) struct Direct {
+    connection: Connection,
+    path: std::path::PathBuf,
+    checkpoint_bytes: i64,
+}
+
+impl Direct {
+    /// Opens the store at `path`, which the store's pool has created (page size,
+    /// WAL and auto-vacuum are the database's own settings by then). The WAL is
+    /// copied back into the database once it holds `checkpoint_bytes`.
+    ///
+    /// The connection does not enforce foreign keys: every job it writes names a
+    /// run the group has read (or knows) and refuses it if there is none
+    /// (`group::plan`), so each child row's lookup of its run would repeat that
+    /// check (5 % of a durable turn's instructions). The store's other
+    /// connections enforce them, and retention's deletes, made there, cascade.
+    pub(super) fn open(path: &Path, checkpoint_bytes: i64) -> Result<Self, StoreError> {
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let connection = Connection::open_with_flags(path, flags).map_err(|error| {
+            StoreError::Backend(format!("cannot open the store's writer on {}: {error}", path.display()))
+        })?;
+        // No busy handler: a taken write lock is waited for by `begin`, asleep.
+        connection.busy_timeout(Duration::ZERO).map_err(failed)?;
+        connection.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+        // WAL + NORMAL survives process crashes (what kill -9 tests prove); a power
+        // loss may roll back the last commits. A page cache of 64 MiB (instead of
+        // 2 MiB) keeps the indexes a group descends in memory, and statement
+        // journals stay in memory instead of spilling to temp files.
+        let page_size: i64 = connection.pragma_query_value(None, "page_size", |row| row.get(0)).map_err(failed)?;
+        // A pragma's value cannot be bound; this one is a number computed here.
+        let wal_pages = checkpoint_bytes / page_size.max(512);
+        let settings = format!(
+            "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = OFF; \
+             PRAGMA cache_size = -65536; PRAGMA temp_store = MEMORY; PRAGMA wal_autocheckpoint = {wal_pages};"
+        );
+        connection.execute_batch(&settings).map_err(failed)?;
+        Ok(Self { connection, path: path.to_owned(), checkpoint_bytes })
+    }
+
+    /// Begins the group's transaction, waiting (asleep, not in SQLite) for as long
+    /// as another connection holds the write lock, up to [`LOCK_WAIT`].
+    pub(super) async fn begin(&mut self) -> Result<(), StoreError> {
+        let deadline = tokio::time::Instant::now() + LOCK_WAIT;
+        let mut pause = Duration::from_micros(200);
+        loop {
+            match self.run("BEGIN IMMEDIATE") {
+                Err(error)
+                    if matches!(
+                        error.sqlite_error_code(),
+                        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked)
+                    ) && tokio::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(20));
+                }
+                outcome => return outcome.map_err(failed),
+            }
+        }
+    }
+
+    /// Runs `sql` (no values, no rows) as a cached statement.
+    fn run(&mut self, sql: &str) -> rusqlite::Result<()> {
+        self.connection.prepare_cached(sql)?.raw_execute().map(drop)
+    }
+
+    /// Runs `sql` with `values` (consumed) as a cached statement.
+    pub(super) fn statement(&mut self, sql: &str, values: &mut Values) -> Result<(), StoreError> {
+        let mut statement = self.connection.prepare_cached(sql).map_err(failed)?;
+        for (index, value) in values.0.iter().enumerate() {
+            statement.raw_bind_parameter(index + 1, value).map_err(failed)?;
+        }
+        values.0.clear();
+        statement.raw_execute().map_err(failed)?;
+        Ok(())
+    }
+
+    /// Commits the group's transaction.
+    pub(super) fn commit(&mut self) -> Result<(), StoreError> {
+        self.run("COMMIT").map_err(failed)
+    }
+
+    /// Undoes what a failed group began. A connection that cannot roll back is
+    /// replaced by a new one, so the next group starts clean.
+    pub(super) fn roll_back(&mut self) {
+        if self.connection.is_autocommit() {
+            return;
+        }
+        if self.run("ROLLBACK").is_ok() && self.connection.is_autocommit() {
+            return;
+        }
+        match Self::open(&self.path, self.checkpoint_bytes) {
+            Ok(fresh) => *self = fresh,
+            Err(error) => tracing::error!(%error, "the store's writer could not roll back nor reconnect"),
+        }
+    }
+
+    /// The largest run key stored (0 for none).
+    pub(super) fn largest_key(&mut self) -> Result<i64, StoreError> {
+        let mut statement = self.connection.prepare_cached("SELECT MAX(run_key) FROM runs").map_err(failed)?;
+        let largest: Option<i64> = statement.query_row([], |row| row.get(0)).map_err(failed)?;
+        Ok(largest.unwrap_or(0))
+    }
+
+    /// Whether a run with this id is stored.
+    pub(super) fn stored(&mut self, run_id: &str) -> Result<bool, StoreError> {
+        let mut statement = self.connection.prepare_cached("SELECT 1 FROM runs WHERE run_id = ?").map_err(failed)?;
+        statement.exists([run_id]).map_err(failed)
+    }
+
+    /// Calls `each` with every row of `sql` (with `values`, consumed).
+    pub(super) fn select(
+        &mut self,
+        sql: &str,
+        values: &mut Values,
+        mut each: impl FnMut(&rusqlite::Row<'_>) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let mut statement = self.connection.prepare_cached(sql).map_err(failed)?;
+        for (index, value) in values.0.iter().enumerate() {
+            statement.raw_bind_parameter(index + 1, value).map_err(failed)?;
+        }
+        values.0.clear();
+        let mut rows = statement.raw_query();
+        while let Some(row) = rows.next().map_err(failed)? {
+            each(row)?;
+        }
+        Ok(())
+    }
+}
+
+/// Reader connections kept open, at most.
+const IDLE_READERS: usize = 4;
+
+/// Connections for the reads every run's stream makes (the run, its first
+/// events), used in place as the writer's is: through sqlx each read was a
+/// hand-off to a connection's thread and back. In WAL mode a read never waits for
+/// the writer.
+pub(super) struct Readers {
+    path: std::path::PathBuf,
+    idle: std::sync::Mutex<Vec<Connection>>,
+}
+
+impl Readers {
+    pub(super) fn new(path: &Path) -> Self {
+        Self { path: path.to_owned(), idle: std::sync::Mutex::new(Vec::new()) }
+    }
+
+    /// Runs `read` on an idle connection, or on a new one if none is idle.
+    pub(super) fn read<T>(&self, read: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T, StoreError> {
+        let idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pop();
+        let connection = match idle {
+            Some(connection) => connection,
+            None => self.open()?,
+        };
+        let outcome = read(&connection).map_err(failed);
+        let mut idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if idle.len() < IDLE_READERS {
+            idle.push(connection);
+        }
+        outcome
+    }
+
+    fn open(&self) -> Result<Connection, StoreError> {
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let connection = Connection::open_with_flags(&self.path, flags).map_err(|error| {
+            StoreError::Backend(format!("cannot open a reader of {}: {error}", self.path.display()))
+        })?;
+        connection.busy_timeout(LOCK_WAIT).map_err(failed)?;
+        connection.set_prepared_statement_cache_capacity(16);
+        // A page cache of 8 MiB: what is read was just written (the operating
+        // system's cache has it); `query_only`: this connection never writes.
+        connection.execute_batch("PRAGMA cache_size = -8192; PRAGMA query_only = ON;").map_err(failed)?;
+        Ok(connection)
+    }
+}
