@@ -12,6 +12,8 @@
 //! when the lock is taken and is tried again after an asynchronous sleep.
 
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use rusqlite::types::{ToSql, ToSqlOutput, ValueRef};
@@ -85,17 +87,41 @@ impl Values {
     }
 }
 
+/// The states of a WAL's checkpoint (see [`Direct::commit`]).
+const IDLE: u8 = 0;
+const COPYING: u8 = 1;
+const COPIED: u8 = 2;
+
+std::thread_local! {
+    /// The pages in the WAL after the last commit on this thread (SQLite's WAL
+    /// hook, called inside `COMMIT`, sets it; the writer reads it right after).
+    static WAL_PAGES: std::cell::Cell<i64> = const { std::cell::Cell::new(0) };
+}
+
+fn note_wal_pages(_: &rusqlite::hooks::Wal, pages: std::ffi::c_int) -> rusqlite::Result<()> {
+    WAL_PAGES.set(i64::from(pages));
+    Ok(())
+}
+
 /// The writer's connection to a SQLite store.
 pub(super) struct Direct {
     connection: Connection,
     path: std::path::PathBuf,
     checkpoint_bytes: i64,
+    /// The WAL's size, in pages, past which a checkpoint starts.
+    checkpoint_pages: i64,
+    /// Where the checkpoint of a full WAL is: [`IDLE`], [`COPYING`] (on a blocking
+    /// thread), [`COPIED`] (the writer copies what was committed meanwhile).
+    checkpoint: Arc<AtomicU8>,
 }
 
 impl Direct {
     /// Opens the store at `path`, which the store's pool has created (page size,
     /// WAL and auto-vacuum are the database's own settings by then). The WAL is
-    /// copied back into the database once it holds `checkpoint_bytes`.
+    /// copied back into the database once it holds `checkpoint_bytes`: not by the
+    /// commit that filled it, as SQLite would (tens of milliseconds holding the
+    /// task's thread), but by a connection of its own on a blocking thread, which
+    /// writers do not wait for (`PASSIVE`).
     ///
     /// The connection does not enforce foreign keys: every job it writes names a
     /// run the group has read (or knows) and refuses it if there is none
@@ -115,14 +141,22 @@ impl Direct {
         // 2 MiB) keeps the indexes a group descends in memory, and statement
         // journals stay in memory instead of spilling to temp files.
         let page_size: i64 = connection.pragma_query_value(None, "page_size", |row| row.get(0)).map_err(failed)?;
-        // A pragma's value cannot be bound; this one is a number computed here.
-        let wal_pages = checkpoint_bytes / page_size.max(512);
-        let settings = format!(
-            "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = OFF; \
-             PRAGMA cache_size = -65536; PRAGMA temp_store = MEMORY; PRAGMA wal_autocheckpoint = {wal_pages};"
-        );
-        connection.execute_batch(&settings).map_err(failed)?;
-        Ok(Self { connection, path: path.to_owned(), checkpoint_bytes })
+        connection
+            .execute_batch(
+                "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = OFF; \
+                 PRAGMA cache_size = -65536; PRAGMA temp_store = MEMORY;",
+            )
+            .map_err(failed)?;
+        // Replaces SQLite's own checkpoints (its default WAL hook checkpoints in the
+        // committing connection every 1,000 pages).
+        connection.wal_hook(Some(note_wal_pages));
+        Ok(Self {
+            connection,
+            path: path.to_owned(),
+            checkpoint_bytes,
+            checkpoint_pages: checkpoint_bytes / page_size.max(512),
+            checkpoint: Arc::new(AtomicU8::new(IDLE)),
+        })
     }
 
     /// Begins the group's transaction, waiting (asleep, not in SQLite) for as long
@@ -162,9 +196,34 @@ impl Direct {
         Ok(())
     }
 
-    /// Commits the group's transaction.
+    /// Commits the group's transaction, and checkpoints a full WAL in two steps: a
+    /// blocking thread copies its pages into the database, then the writer copies
+    /// the few committed meanwhile, so that the next transaction starts the WAL
+    /// over (SQLite restarts it only once every page was copied, which a copy
+    /// racing the writer's commits never achieves alone).
     pub(super) fn commit(&mut self) -> Result<(), StoreError> {
-        self.run("COMMIT").map_err(failed)
+        WAL_PAGES.set(0);
+        self.run("COMMIT").map_err(failed)?;
+        match self.checkpoint.load(Ordering::Acquire) {
+            COPIED => {
+                if let Err(error) = self.connection.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+                    tracing::warn!(%error, "a checkpoint of the store's WAL failed; the next full WAL tries again");
+                }
+                self.checkpoint.store(IDLE, Ordering::Release);
+            }
+            IDLE if WAL_PAGES.get() >= self.checkpoint_pages => {
+                self.checkpoint.store(COPYING, Ordering::Release);
+                let (path, state) = (self.path.clone(), self.checkpoint.clone());
+                tokio::task::spawn_blocking(move || {
+                    if let Err(error) = checkpoint(&path) {
+                        tracing::warn!(%error, "a checkpoint of the store's WAL failed; the next full WAL tries again");
+                    }
+                    state.store(COPIED, Ordering::Release);
+                });
+            }
+            _ => {}
+        }
+        Ok(())
     }
 
     /// Undoes what a failed group began. A connection that cannot roll back is
@@ -215,6 +274,13 @@ impl Direct {
     }
 }
 
+/// Copies the WAL of the store at `path` into the database, as far as no reader
+/// needs it, without waiting for anyone.
+fn checkpoint(path: &Path) -> rusqlite::Result<()> {
+    let connection = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_WRITE)?;
+    connection.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+}
+
 /// Reader connections kept open, at most.
 const IDLE_READERS: usize = 4;
 
@@ -258,5 +324,45 @@ impl Readers {
         // system's cache has it); `query_only`: this connection never writes.
         connection.execute_batch("PRAGMA cache_size = -8192; PRAGMA query_only = ON;").map_err(failed)?;
         Ok(connection)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use troupe_actors::testing::eventually;
+
+    use super::*;
+
+    /// Once the WAL holds more than the limit, it is copied into the database by
+    /// a checkpoint of its own, off the writer's thread; commits go on meanwhile.
+    #[tokio::test]
+    async fn a_full_wal_is_checkpointed_off_the_writers_thread() {
+        let dir = std::env::temp_dir().join(format!("troupe-direct-{}", uuid::Uuid::now_v7()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("store.db");
+        let setup = Connection::open(&path).unwrap();
+        setup.execute_batch("PRAGMA journal_mode = WAL; CREATE TABLE rows (body TEXT NOT NULL);").unwrap();
+        let database_bytes = || std::fs::metadata(&path).unwrap().len();
+        let before = database_bytes();
+
+        let mut writer = Direct::open(&path, 64 * 1024).unwrap();
+        for _ in 0..20 {
+            writer.begin().await.unwrap();
+            let mut values = Values::default();
+            values.push(Value::Text("x".repeat(8 * 1024).into()));
+            writer.statement("INSERT INTO rows (body) VALUES (?)", &mut values).unwrap();
+            writer.commit().unwrap();
+        }
+        // Nothing but a checkpoint writes the database file in WAL mode.
+        eventually(Duration::from_secs(10), "the WAL to be checkpointed", || async {
+            database_bytes() > before + 64 * 1024
+        })
+        .await;
+        let rows: i64 = setup.query_row("SELECT COUNT(*) FROM rows", [], |row| row.get(0)).unwrap();
+        assert_eq!(rows, 20);
+        drop((writer, setup));
+        let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -26,9 +26,10 @@
 //! durable when they return). A database the store creates has 4 KiB pages (as
 //! SQLite's default; one created with 16 KiB pages keeps them): a commit of one
 //! run writes each page it changes whole into the WAL, and most commits are
-//! small. Every connection checkpoints the WAL into the database
-//! once it holds 32 MiB (`CHECKPOINT_WAL_BYTES`, turned into pages from the
-//! database's page size) rather than SQLite's default of 1,000 pages: a group
+//! small. The WAL is checkpointed into the database once it holds 32 MiB
+//! (`CHECKPOINT_WAL_BYTES`, turned into pages from the database's page size;
+//! the writer's checkpoints run on a blocking thread, see `direct.rs`) rather
+//! than SQLite's default of 1,000 pages: a group
 //! writes hundreds of pages, many of them the same index pages group after group,
 //! and a longer WAL copies each of those once per checkpoint instead of once per
 //! group. A group holds at most 256 commits on SQLite and 1,024 on PostgreSQL
@@ -286,7 +287,7 @@ impl SqlStore {
             let pool = pool.connect_with(options.clone()).await.map_err(backend)?;
             let writer = Direct::open(options.get_filename(), CHECKPOINT_WAL_BYTES)?;
             readers = Some(Arc::new(Readers::new(options.get_filename())));
-            (Pool::Sqlite(pool), Backend::Sqlite(writer), Owner::File(lock))
+            (Pool::Sqlite(pool), Backend::Sqlite(Box::new(writer)), Owner::File(lock))
         } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
             // One plain connection first: a server that is down or refuses us fails
             // at once with its own reason, not with a pool timeout.

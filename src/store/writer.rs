@@ -54,7 +54,7 @@ pub(super) struct Request {
 /// The connection the writer writes through: SQLite's its own, used in place
 /// (see `direct.rs`); PostgreSQL's a pool of one connection.
 pub(super) enum Backend {
-    Sqlite(Direct),
+    Sqlite(Box<Direct>),
     Postgres(sqlx::PgPool),
 }
 
