@@ -1,15 +1,15 @@
-//! The SQLite writer's own connection, used in place on the writer's task: a
-//! group's statements run where the group was planned, with no hand-off to a
-//! connection thread and back (sqlx runs each SQLite connection on a thread of
-//! its own, which cost two thread wake-ups a commit: most of a commit's cost with
-//! one client).
+//! SQLite connections used in place on the task that needs them: the writer's
+//! (a group's statements run where the group was planned) and the readers of a
+//! run's stream ([`Readers`]), with no hand-off to a connection's thread and
+//! back (sqlx runs each SQLite connection on a thread of its own, which cost two
+//! thread wake-ups a commit or read: most of a commit's cost with one client).
 //!
 //! A statement here holds the task's thread for as long as SQLite works on it
-//! (tens of microseconds for a small group; a WAL checkpoint, every 32 MiB of
-//! WAL, longer). The one wait that could be long, for the database's write lock
-//! while another connection of the store holds it (retention's deletes, a
-//! thread's changes), is not spent in SQLite: `BEGIN IMMEDIATE` fails at once
-//! when the lock is taken and is tried again after an asynchronous sleep.
+//! (tens of microseconds for a small group). What could take long does not: the
+//! wait for the database's write lock while another connection of the store
+//! holds it (retention's deletes, a thread's changes) is an asynchronous sleep
+//! between tries of `BEGIN IMMEDIATE`, and the copy of a full WAL into the
+//! database runs on a blocking thread ([`Direct::commit`]).
 
 use std::path::Path;
 use std::sync::Arc;
