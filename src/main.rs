@@ -533,7 +533,7 @@ fn in_process(
     let mut config = setup::load_config(Overrides { config_file, data_dir, bind }, &env)?;
     // tokio's default, one worker per core (`TOKIO_WORKER_THREADS` sets the number):
     // on 2 cores with a SQLite store, one worker spends less CPU a turn with one
-    // client, two carry 45 % more turns a second with 50 runs in flight (BENCHMARKS.md).
+    // client, two carry 25 – 40 % more turns a second with 50 runs in flight (BENCHMARKS.md).
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let agents_dir = setup::agents_dir(agents_dir);
     if let Command::Config { command: ConfigCommand::Check { .. } } = command {
