@@ -164,6 +164,11 @@ impl App {
         if !["sqlite:", "postgres:", "postgresql:"].iter().any(|scheme| store_url.starts_with(scheme)) {
             anyhow::bail!("store.url {} is neither sqlite: nor postgres:", redact_url(&store_url));
         }
+        if store_url.starts_with("sqlite:") && crate::store::in_memory(&store_url) {
+            anyhow::bail!(
+                "store.url {store_url} is an in-memory SQLite database: a store must be a file (sqlite://PATH)"
+            );
+        }
         if config.cluster.enabled && store_url.starts_with("sqlite:") {
             anyhow::bail!("cluster.enabled needs a PostgreSQL store: SQLite is single-node");
         }

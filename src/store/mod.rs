@@ -195,6 +195,14 @@ const OWNER_LOCK: i64 = 0x74_72_6f_75_70_65;
 /// The advisory lock key taken while migrating ("troupeM").
 const MIGRATION_LOCK: i64 = 0x74_72_6f_75_70_65_4d;
 
+/// Whether a SQLite URL names an in-memory database (`sqlite::memory:`,
+/// `mode=memory`), which a store cannot be.
+pub fn in_memory(url: &str) -> bool {
+    let rest = url.trim_start_matches("sqlite:").trim_start_matches("//");
+    let (database, params) = rest.split_once('?').unwrap_or((rest, ""));
+    database == ":memory:" || params.split('&').any(|param| param == "mode=memory")
+}
+
 fn already_owned(what: &str) -> StoreError {
     StoreError::Backend(format!(
         "another troupe process is using {what}; one process drives a store at a time (stop it, or use another store; \
@@ -242,6 +250,12 @@ impl SqlStore {
         // wait behind a group's transaction for a connection.
         let mut readers = None;
         let (pool, writer, owner) = if url.starts_with("sqlite:") {
+            if in_memory(url) {
+                return Err(StoreError::Backend(format!(
+                    "{url:?} is an in-memory SQLite database, which a store cannot be: its runs must outlive the \
+                     process; use sqlite://PATH (a file)"
+                )));
+            }
             let options = SqliteConnectOptions::from_str(url)
                 .map_err(backend)?
                 .create_if_missing(true)

@@ -156,6 +156,10 @@ fn config_check_passes_a_valid_configuration_and_names_the_first_problem_of_a_ba
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("request_timeout"), "{output:?}");
 
+    let output = troupe_on("sqlite::memory:", &["config", "check", good.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("in-memory SQLite database"), "{output:?}");
+
     std::fs::write(
         agents.join("spender.toml"),
         "name = \"spender\"\ninstructions = \"x\"\n[limits]\nmax_cost_usd = -1.0\n",

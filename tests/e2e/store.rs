@@ -604,6 +604,18 @@ async fn an_unsupported_url_is_refused_clearly() {
     assert!(error.contains("use sqlite://… or postgres://…"), "{error}");
 }
 
+/// A store is durable: an in-memory SQLite database is refused, with what to use.
+#[tokio::test]
+async fn an_in_memory_sqlite_url_is_refused_clearly() {
+    for url in ["sqlite::memory:", "sqlite://:memory:", "sqlite://runs.db?mode=memory&cache=shared"] {
+        let error = match SqlStore::connect(url).await {
+            Ok(_) => panic!("{url} was accepted"),
+            Err(error) => error.to_string(),
+        };
+        assert!(error.contains("in-memory SQLite database") && error.contains("use sqlite://PATH"), "{url}: {error}");
+    }
+}
+
 #[tokio::test]
 async fn one_process_drives_a_store_at_a_time() {
     let (first, dir) = sqlite().await;
