@@ -1,6 +1,6 @@
 //! SQLite connections used in place on the task that needs them: the writer's
 //! (a group's statements run where the group was planned) and the readers of a
-//! run's stream ([`Readers`]), with no hand-off to a connection's thread and
+//! run's stream (`sql::Readers`), with no hand-off to a connection's thread and
 //! back (sqlx runs each SQLite connection on a thread of its own, which cost two
 //! thread wake-ups a commit or read: most of a commit's cost with one client).
 //!
@@ -20,11 +20,7 @@ use rusqlite::types::{ToSql, ToSqlOutput, ValueRef};
 use rusqlite::{Connection, ErrorCode, OpenFlags};
 use troupe_actors::store::StoreError;
 
-use crate::store::sql::{Text, failed};
-
-/// How long a group waits for the write lock before it fails (as sqlx's
-/// `busy_timeout` on the store's other connections).
-const LOCK_WAIT: Duration = Duration::from_secs(10);
+use crate::store::sql::{LOCK_WAIT, Text, failed};
 
 /// The statements a connection keeps prepared: every shape a group writes (a
 /// handful per table, see `binding::chunk_len`), and the reads.
@@ -84,6 +80,14 @@ impl Values {
 
     pub(super) fn push(&mut self, value: Value) {
         self.0.push(value);
+    }
+
+    /// Binds the values, in order, to `statement`, and empties them.
+    fn bind(&mut self, statement: &mut rusqlite::Statement<'_>) -> Result<(), StoreError> {
+        for (index, value) in self.0.drain(..).enumerate() {
+            statement.raw_bind_parameter(index + 1, value).map_err(failed)?;
+        }
+        Ok(())
     }
 }
 
@@ -188,10 +192,7 @@ impl Direct {
     /// Runs `sql` with `values` (consumed) as a cached statement.
     pub(super) fn statement(&mut self, sql: &str, values: &mut Values) -> Result<(), StoreError> {
         let mut statement = self.connection.prepare_cached(sql).map_err(failed)?;
-        for (index, value) in values.0.iter().enumerate() {
-            statement.raw_bind_parameter(index + 1, value).map_err(failed)?;
-        }
-        values.0.clear();
+        values.bind(&mut statement)?;
         statement.raw_execute().map_err(failed)?;
         Ok(())
     }
@@ -262,10 +263,7 @@ impl Direct {
         mut each: impl FnMut(&rusqlite::Row<'_>) -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
         let mut statement = self.connection.prepare_cached(sql).map_err(failed)?;
-        for (index, value) in values.0.iter().enumerate() {
-            statement.raw_bind_parameter(index + 1, value).map_err(failed)?;
-        }
-        values.0.clear();
+        values.bind(&mut statement)?;
         let mut rows = statement.raw_query();
         while let Some(row) = rows.next().map_err(failed)? {
             each(row)?;
@@ -279,52 +277,6 @@ impl Direct {
 fn checkpoint(path: &Path) -> rusqlite::Result<()> {
     let connection = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_WRITE)?;
     connection.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
-}
-
-/// Reader connections kept open, at most.
-const IDLE_READERS: usize = 4;
-
-/// Connections for the reads every run's stream makes (the run, its first
-/// events), used in place as the writer's is: through sqlx each read was a
-/// hand-off to a connection's thread and back. In WAL mode a read never waits for
-/// the writer.
-pub(super) struct Readers {
-    path: std::path::PathBuf,
-    idle: std::sync::Mutex<Vec<Connection>>,
-}
-
-impl Readers {
-    pub(super) fn new(path: &Path) -> Self {
-        Self { path: path.to_owned(), idle: std::sync::Mutex::new(Vec::new()) }
-    }
-
-    /// Runs `read` on an idle connection, or on a new one if none is idle.
-    pub(super) fn read<T>(&self, read: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T, StoreError> {
-        let idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pop();
-        let connection = match idle {
-            Some(connection) => connection,
-            None => self.open()?,
-        };
-        let outcome = read(&connection).map_err(failed);
-        let mut idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if idle.len() < IDLE_READERS {
-            idle.push(connection);
-        }
-        outcome
-    }
-
-    fn open(&self) -> Result<Connection, StoreError> {
-        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-        let connection = Connection::open_with_flags(&self.path, flags).map_err(|error| {
-            StoreError::Backend(format!("cannot open a reader of {}: {error}", self.path.display()))
-        })?;
-        connection.busy_timeout(LOCK_WAIT).map_err(failed)?;
-        connection.set_prepared_statement_cache_capacity(16);
-        // A page cache of 8 MiB: what is read was just written (the operating
-        // system's cache has it); `query_only`: this connection never writes.
-        connection.execute_batch("PRAGMA cache_size = -8192; PRAGMA query_only = ON;").map_err(failed)?;
-        Ok(connection)
-    }
 }
 
 #[cfg(test)]

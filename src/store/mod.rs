@@ -11,7 +11,7 @@
 //! times, and `sql.rs` holds what these files share (the pool, column access).
 //! On SQLite the writer has a connection of its own that it uses in place, on its
 //! task (`direct.rs`), as do the reads every run's stream makes (the run, its
-//! events); other reads use sqlx's pool. A write transaction begins `IMMEDIATE`
+//! events; `sql::Readers`); other reads use sqlx's pool. A write transaction begins `IMMEDIATE`
 //! (no upgrade deadlocks). The writer keeps the committed row of every unfinished
 //! run, so a group reads only the runs it does not know yet (and
 //! not those it creates), and
@@ -57,10 +57,10 @@ use troupe_actors::store::{
 };
 
 pub use crate::store::cluster::{ClusterOptions, Node};
-use crate::store::direct::{Direct, Readers};
+use crate::store::direct::Direct;
 use crate::store::encode::{read_batch, stamp};
 use crate::store::group::Job;
-use crate::store::sql::{Columns, Pool, backend, parse, time};
+use crate::store::sql::{Columns, Pool, Readers, backend, parse, time};
 use crate::store::writer::{Backend, Writer};
 
 mod binding;
@@ -123,7 +123,7 @@ async fn checkpoint_at_wal_size(connection: &mut sqlx::SqliteConnection) -> Resu
 macro_rules! with_pool {
     ($store:expr, |$pool:ident, $postgres:ident| $body:expr) => {
         match &$store.pool {
-            Pool::Sqlite($pool) => {
+            Pool::Sqlite($pool, _) => {
                 let $postgres = false;
                 $body
             }
@@ -141,8 +141,6 @@ pub struct SqlStore {
     pool: Pool,
     /// Every write (run creations and commits) goes through the one writer task.
     writer: Writer,
-    /// SQLite: the connections a run's stream reads through (see `direct.rs`).
-    readers: Option<Arc<Readers>>,
     /// This process's claim on the store, held while any clone lives: exclusive,
     /// or shared by the nodes of a cluster.
     _owner: Arc<Owner>,
@@ -248,7 +246,6 @@ impl SqlStore {
         // connection, so its statements stay prepared (a shared pool hands out its
         // connections in turn, each preparing every shape again), and reads never
         // wait behind a group's transaction for a connection.
-        let mut readers = None;
         let (pool, writer, owner) = if url.starts_with("sqlite:") {
             if in_memory(url) {
                 return Err(StoreError::Backend(format!(
@@ -300,8 +297,8 @@ impl SqlStore {
             // settings above before the writer opens it.
             let pool = pool.connect_with(options.clone()).await.map_err(backend)?;
             let writer = Direct::open(options.get_filename(), CHECKPOINT_WAL_BYTES)?;
-            readers = Some(Arc::new(Readers::new(options.get_filename())));
-            (Pool::Sqlite(pool), Backend::Sqlite(Box::new(writer)), Owner::File(lock))
+            let readers = Arc::new(Readers::new(options.get_filename()));
+            (Pool::Sqlite(pool, readers), Backend::Sqlite(Box::new(writer)), Owner::File(lock))
         } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
             // One plain connection first: a server that is down or refuses us fails
             // at once with its own reason, not with a pool timeout.
@@ -340,7 +337,6 @@ impl SqlStore {
         };
         let store = Self {
             writer: Writer::spawn(writer, node.clone()),
-            readers,
             pool,
             _owner: Arc::new(owner),
             node,
@@ -358,7 +354,7 @@ impl SqlStore {
 
     async fn migrate(&self) -> Result<(), StoreError> {
         let migrations = match self.pool {
-            Pool::Sqlite(_) => SQLITE_MIGRATIONS,
+            Pool::Sqlite(..) => SQLITE_MIGRATIONS,
             Pool::Postgres(_) => POSTGRES_MIGRATIONS,
         };
         with_pool!(self, |pool, postgres| {
@@ -506,21 +502,22 @@ impl RunStore for SqlStore {
 
     async fn get_run(&self, run_id: RunId) -> Result<Option<RunRecord>, StoreError> {
         let id = run_id.to_string();
-        if let Some(readers) = &self.readers {
-            let sql = format!("SELECT {RUN_COLUMNS} FROM runs_now WHERE run_id = ?");
-            return readers
+        let sql = format!("SELECT {RUN_COLUMNS} FROM runs_now WHERE run_id = $1");
+        match &self.pool {
+            // SQLite reads `$N` as a parameter named so.
+            Pool::Sqlite(_, readers) => readers
                 .read(|connection| {
                     let mut statement = connection.prepare_cached(&sql)?;
-                    let mut rows = statement.query([&id])?;
+                    let mut rows = statement.query(rusqlite::named_params! {"$1": id})?;
                     Ok(rows.next()?.map(run_from_row))
                 })?
-                .transpose();
+                .transpose(),
+            Pool::Postgres(pool) => {
+                let row =
+                    sqlx::query(sqlx::AssertSqlSafe(sql)).bind(&id).fetch_optional(pool).await.map_err(backend)?;
+                row.as_ref().map(run_from_row).transpose()
+            }
         }
-        with_pool!(self, |pool, _postgres| {
-            let sql = sqlx::AssertSqlSafe(format!("SELECT {RUN_COLUMNS} FROM runs_now WHERE run_id = $1"));
-            let row = sqlx::query(sql).bind(&id).fetch_optional(pool).await.map_err(backend)?;
-            row.as_ref().map(run_from_row).transpose()
-        })
     }
 
     async fn load(&self, run_id: RunId) -> Result<Option<RunSnapshot>, StoreError> {
@@ -581,27 +578,25 @@ impl RunStore for SqlStore {
         // One query: a run with nothing after `after` gives one row with no body,
         // an unknown run none. A row of `run_events` holds the events of one
         // commit (at least one): `limit` rows from the one holding `after + 1`
-        // hold at least `limit` events after it.
+        // hold at least `limit` events after it. (SQLite reads `$N` as a parameter
+        // named so.)
         const SQL: &str = "SELECT run_events.body FROM runs LEFT JOIN run_events ON run_events.run_key = runs.run_key \
                            AND run_events.last_seq > $2 WHERE runs.run_id = $1 ORDER BY run_events.last_seq LIMIT $3";
         let (after_key, limit_key) = (after as i64, limit.clamp(1, i64::MAX as usize) as i64);
-        let rows: Vec<Option<String>> = match &self.readers {
-            Some(readers) => readers.read(|connection| {
-                // SQLite reads `$N` as a parameter named so.
+        let rows: Vec<Option<String>> = match &self.pool {
+            Pool::Sqlite(_, readers) => readers.read(|connection| {
                 let mut statement = connection.prepare_cached(SQL)?;
                 let values = rusqlite::named_params! {"$1": id, "$2": after_key, "$3": limit_key};
                 let rows = statement.query_map(values, |row| row.get(0))?;
                 rows.collect()
             })?,
-            None => with_pool!(self, |pool, _postgres| {
-                sqlx::query_scalar(SQL)
-                    .bind(&id)
-                    .bind(after_key)
-                    .bind(limit_key)
-                    .fetch_all(pool)
-                    .await
-                    .map_err(backend)?
-            }),
+            Pool::Postgres(pool) => sqlx::query_scalar(SQL)
+                .bind(&id)
+                .bind(after_key)
+                .bind(limit_key)
+                .fetch_all(pool)
+                .await
+                .map_err(backend)?,
         };
         if rows.is_empty() {
             return Err(StoreError::NotFound(run_id));
@@ -733,7 +728,7 @@ impl RunStore for SqlStore {
 
     async fn compact(&self) -> Result<Option<u64>, StoreError> {
         let bytes: i64 = match &self.pool {
-            Pool::Sqlite(pool) => {
+            Pool::Sqlite(pool, _) => {
                 // Frees the pages of deleted rows (a database made with
                 // auto_vacuum = incremental; one made before keeps reusing them).
                 sqlx::query("PRAGMA incremental_vacuum").execute(pool).await.map_err(backend)?;
@@ -965,7 +960,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("troupe-pages-{}", RunId::new()));
         let (new, old) = (dir.join("new.db"), dir.join("old.db"));
         let store = SqlStore::connect(&format!("sqlite://{}", new.display())).await.unwrap();
-        let Pool::Sqlite(pool) = &store.pool else { unreachable!() };
+        let Pool::Sqlite(pool, _) = &store.pool else { unreachable!() };
         assert_eq!(wal_autocheckpoint(pool).await, 8192);
         drop(store);
         assert_eq!(page_size_on_disk(&new), 4096);
@@ -977,7 +972,7 @@ mod tests {
         sqlx::query("CREATE TABLE made_before (x INTEGER)").execute(&before).await.unwrap();
         before.close().await;
         let store = SqlStore::connect(&format!("sqlite://{}", old.display())).await.unwrap();
-        let Pool::Sqlite(pool) = &store.pool else { unreachable!() };
+        let Pool::Sqlite(pool, _) = &store.pool else { unreachable!() };
         assert_eq!(wal_autocheckpoint(pool).await, 2048);
         drop(store);
         assert_eq!(page_size_on_disk(&old), 16 * 1024);

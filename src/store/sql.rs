@@ -1,12 +1,16 @@
-//! What the store's files share: the pool of either backend, typed access to
+//! What the store's files share: the pool of either backend (with SQLite's
+//! readers used in place), typed access to
 //! its rows' columns, the decoding of stored text, and the store's string and map
 //! types.
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use foldhash::fast::RandomState;
+use rusqlite::{Connection, OpenFlags};
 use serde::de::DeserializeOwned;
 use sqlx::postgres::PgRow;
 use sqlx::sqlite::SqliteRow;
@@ -23,13 +27,18 @@ pub(super) type Text = Arc<str>;
 /// group's planning).
 pub(super) type Map<K, V> = HashMap<K, V, RandomState>;
 
+/// How long a SQLite connection used in place waits for a lock before it fails
+/// (as sqlx's `busy_timeout` on the store's other connections).
+pub(super) const LOCK_WAIT: Duration = Duration::from_secs(10);
+
 /// Statuses of runs that have ended (what retention may delete).
 pub(super) const TERMINAL: [&str; 3] = ["succeeded", "failed", "cancelled"];
 
-/// The pool of the store's backend.
+/// The pool of the store's backend; on SQLite with the connections a run's
+/// stream reads through ([`Readers`]).
 #[derive(Clone)]
 pub(super) enum Pool {
-    Sqlite(SqlitePool),
+    Sqlite(SqlitePool, Arc<Readers>),
     Postgres(PgPool),
 }
 
@@ -81,3 +90,49 @@ columns_for!(SqliteRow, try_get, backend);
 columns_for!(PgRow, try_get, backend);
 // The rows of the SQLite connections used in place (`direct.rs`).
 columns_for!(rusqlite::Row<'_>, get, failed);
+
+/// Reader connections kept open, at most.
+const IDLE_READERS: usize = 4;
+
+/// Connections for the reads every run's stream makes (the run, its first
+/// events), used in place as the writer's is: through sqlx each read was a
+/// hand-off to a connection's thread and back. In WAL mode a read never waits for
+/// the writer.
+pub(super) struct Readers {
+    path: std::path::PathBuf,
+    idle: std::sync::Mutex<Vec<Connection>>,
+}
+
+impl Readers {
+    pub(super) fn new(path: &Path) -> Self {
+        Self { path: path.to_owned(), idle: std::sync::Mutex::new(Vec::new()) }
+    }
+
+    /// Runs `read` on an idle connection, or on a new one if none is idle.
+    pub(super) fn read<T>(&self, read: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T, StoreError> {
+        let idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pop();
+        let connection = match idle {
+            Some(connection) => connection,
+            None => self.open()?,
+        };
+        let outcome = read(&connection).map_err(failed);
+        let mut idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if idle.len() < IDLE_READERS {
+            idle.push(connection);
+        }
+        outcome
+    }
+
+    fn open(&self) -> Result<Connection, StoreError> {
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let connection = Connection::open_with_flags(&self.path, flags).map_err(|error| {
+            StoreError::Backend(format!("cannot open a reader of {}: {error}", self.path.display()))
+        })?;
+        connection.busy_timeout(LOCK_WAIT).map_err(failed)?;
+        connection.set_prepared_statement_cache_capacity(16);
+        // A page cache of 8 MiB: what is read was just written (the operating
+        // system's cache has it); `query_only`: this connection never writes.
+        connection.execute_batch("PRAGMA cache_size = -8192; PRAGMA query_only = ON;").map_err(failed)?;
+        Ok(connection)
+    }
+}

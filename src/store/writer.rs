@@ -468,20 +468,6 @@ macro_rules! write_rows {
         );
     }};
 }
-/// Reads the runs in `$ids` (those a group commits to that the writer does not
-/// know yet) into `$runs`, in statements of at most `$limit` bytes of ids.
-macro_rules! read_unknown {
-    ($connection:ident, $read:ident, $limit:expr, $ids:ident, $runs:ident) => {{
-        let mut rest = &$ids[..];
-        while !rest.is_empty() {
-            let (chunk, tail) = rest.split_at(chunk_len(rest, |id| id.len(), $limit));
-            rest = tail;
-            for row in $read(&mut $connection, chunk).await? {
-                read_into(&mut $runs, &row)?;
-            }
-        }
-    }};
-}
 
 /// Writes a planned group in one transaction on SQLite; on failure, what it
 /// began is rolled back.
@@ -567,7 +553,16 @@ async fn write_group(
             } else {
                 sqlx::query_scalar::<_, i64>("SELECT nextval('run_keys')").fetch_one(&mut *tx).await.map_err(backend)?
             };
-            read_unknown!(tx, read_postgres, PG_STATEMENT_BYTES, ids, runs);
+            // The runs it does not know yet, in statements of at most
+            // PG_STATEMENT_BYTES of ids.
+            let mut rest = &ids[..];
+            while !rest.is_empty() {
+                let (chunk, tail) = rest.split_at(chunk_len(rest, |id| id.len(), PG_STATEMENT_BYTES));
+                rest = tail;
+                for row in read_postgres(&mut tx, chunk).await? {
+                    read_into(&mut runs, &row)?;
+                }
+            }
             let fenced = match node {
                 Some(node) => {
                     let held: Vec<(RunId, i64)> = runs.iter().map(|(id, slot)| (*id, slot.state.key)).collect();
