@@ -37,8 +37,8 @@
 //! refuses (unknown run, run ended, seq conflict) is checked before anything is
 //! written and fails alone; if a group's transaction fails, every commit of the
 //! group is written again alone, each in its own transaction, so each caller gets
-//! its own outcome. The writer's connection has a page cache of 64 MiB (a group's
-//! index pages stay in memory); each reader's is 8 MiB, so that large values read
+//! its own outcome. The writer's connection has a page cache of 8 MiB (a group's
+//! index pages stay in memory; see `direct.rs` for why not more); each reader's is 8 MiB, so that large values read
 //! back (a long final output) are not held by every connection. SQLite's
 //! connections are not pinged before use (a local file cannot go stale).
 
