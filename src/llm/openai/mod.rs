@@ -271,9 +271,13 @@ impl ModelClient for OpenAiModel {
         };
         // Encoded once, and the request and its JSON tree let go: a call waiting
         // on a slow model holds one copy of its prompt (the bytes every attempt
-        // sends), not three.
+        // sends), not three, and no more than its length (encoding grows the buffer
+        // by doubling).
         let body = serde_json::to_vec(&wire::request_body(&request, &self.settings.id, self.settings.stream))
-            .map(Bytes::from)
+            .map(|mut encoded| {
+                encoded.shrink_to_fit();
+                Bytes::from(encoded)
+            })
             .map_err(|error| ModelError::Decode(format!("the request could not be encoded: {error}")))?;
         // Tools listed with tool choice `none` (the synthesis turn) may not be
         // called: nothing in its text is read as a call.
