@@ -9,78 +9,170 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use serde_json::{Map, Value, json};
+use serde::Serialize;
+use serde::ser::{SerializeMap, Serializer};
+use serde_json::{Map, Value};
 use troupe_actors::llm::{ChatRequest, Message, ModelDelta, ModelReply, Role, ToolChoice};
 use troupe_actors::protocol::{ToolCall, Usage};
 
 use crate::llm::recover;
 
-/// The JSON body of a request.
-pub fn request_body(request: &ChatRequest, model: &str, stream: bool) -> Value {
-    let messages: Vec<Value> = request.messages.iter().map(message).collect();
-    let mut body = Map::new();
-    body.insert("model".into(), json!(model));
-    body.insert("messages".into(), Value::Array(messages));
-    if !request.tools.is_empty() {
-        let tools: Vec<Value> = request
-            .tools
-            .iter()
-            .map(|tool| {
-                json!({"type": "function", "function": {
-                    "name": tool.name, "description": tool.description, "parameters": tool.parameters
-                }})
-            })
-            .collect();
-        body.insert("tools".into(), Value::Array(tools));
-        let choice = match &request.tool_choice {
-            ToolChoice::Auto => json!("auto"),
-            ToolChoice::None => json!("none"),
-            ToolChoice::Tool(name) => json!({"type": "function", "function": {"name": name}}),
-        };
-        body.insert("tool_choice".into(), choice);
-    }
-    if let Some(temperature) = request.temperature {
-        body.insert("temperature".into(), json!(temperature));
-    }
-    if let Some(max_tokens) = request.max_tokens {
-        body.insert("max_tokens".into(), json!(max_tokens));
-    }
-    if stream {
-        body.insert("stream".into(), json!(true));
-        body.insert("stream_options".into(), json!({"include_usage": true}));
-    }
-    Value::Object(body)
+/// The JSON body of a request, borrowed from it: serialized in one pass, the
+/// prompt (messages, tool schemas) written straight from the request instead of
+/// first copied into a JSON tree.
+pub fn request_body<'a>(request: &'a ChatRequest, model: &'a str, stream: bool) -> RequestBody<'a> {
+    RequestBody { request, model, stream }
 }
 
-fn message(message: &Message) -> Value {
-    let role = match message.role {
-        Role::System => "system",
-        Role::User => "user",
-        Role::Assistant => "assistant",
-        Role::Tool => "tool",
-    };
-    let mut value = json!({"role": role, "content": message.content});
-    if !message.tool_calls.is_empty() {
-        let calls: Vec<Value> = message
-            .tool_calls
-            .iter()
-            .map(|call| {
-                let arguments = match &call.args {
-                    Value::String(text) => text.clone(),
-                    other => other.to_string(),
-                };
-                json!({"id": call.call_id, "type": "function", "function": {"name": call.name, "arguments": arguments}})
-            })
-            .collect();
-        value["tool_calls"] = Value::Array(calls);
-        if message.content.is_empty() {
-            value["content"] = Value::Null;
+/// See [`request_body`].
+pub struct RequestBody<'a> {
+    request: &'a ChatRequest,
+    model: &'a str,
+    stream: bool,
+}
+
+impl Serialize for RequestBody<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let request = self.request;
+        let mut body = serializer.serialize_map(None)?;
+        body.serialize_entry("model", self.model)?;
+        body.serialize_entry("messages", &Messages(&request.messages))?;
+        if !request.tools.is_empty() {
+            body.serialize_entry("tools", &Tools(&request.tools))?;
+            match &request.tool_choice {
+                ToolChoice::Auto => body.serialize_entry("tool_choice", "auto")?,
+                ToolChoice::None => body.serialize_entry("tool_choice", "none")?,
+                ToolChoice::Tool(name) => body.serialize_entry(
+                    "tool_choice",
+                    &Named { kind: "function", function: Name { name: name.as_str() } },
+                )?,
+            }
+        }
+        if let Some(temperature) = request.temperature {
+            body.serialize_entry("temperature", &temperature)?;
+        }
+        if let Some(max_tokens) = request.max_tokens {
+            body.serialize_entry("max_tokens", &max_tokens)?;
+        }
+        if self.stream {
+            body.serialize_entry("stream", &true)?;
+            body.serialize_entry("stream_options", &StreamOptions { include_usage: true })?;
+        }
+        body.end()
+    }
+}
+
+#[derive(Serialize)]
+struct StreamOptions {
+    include_usage: bool,
+}
+
+/// `{"type": "function", "function": {...}}`, the shape of a tool, a call and a
+/// named tool choice.
+#[derive(Serialize)]
+struct Named<F> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: F,
+}
+
+#[derive(Serialize)]
+struct Name<'a> {
+    name: &'a str,
+}
+
+#[derive(Serialize)]
+struct Function<'a> {
+    name: &'a str,
+    description: &'a str,
+    parameters: &'a Value,
+}
+
+struct Tools<'a>(&'a [std::sync::Arc<troupe_actors::llm::ToolDefinition>]);
+
+impl Serialize for Tools<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.0.iter().map(|tool| Named {
+            kind: "function",
+            function: Function { name: &tool.name, description: &tool.description, parameters: &tool.parameters },
+        }))
+    }
+}
+
+struct Messages<'a>(&'a [Message]);
+
+impl Serialize for Messages<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.0.iter().map(WireMessage))
+    }
+}
+
+/// A message: its role and text (`null` for an assistant message that only
+/// calls tools), the calls it asks for, the call it answers.
+struct WireMessage<'a>(&'a Message);
+
+impl Serialize for WireMessage<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let message = self.0;
+        let role = match message.role {
+            Role::System => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+        };
+        let mut map = serializer.serialize_map(None)?;
+        map.serialize_entry("role", role)?;
+        if message.tool_calls.is_empty() {
+            map.serialize_entry("content", &message.content)?;
+        } else {
+            let content = Some(message.content.as_str()).filter(|content| !content.is_empty());
+            map.serialize_entry("content", &content)?;
+            map.serialize_entry("tool_calls", &Calls(&message.tool_calls))?;
+        }
+        if let Some(call_id) = &message.tool_call_id {
+            map.serialize_entry("tool_call_id", call_id)?;
+        }
+        map.end()
+    }
+}
+
+struct Calls<'a>(&'a [ToolCall]);
+
+impl Serialize for Calls<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.0.iter().map(|call| WireCall {
+            id: &call.call_id,
+            kind: "function",
+            function: CallFunction { name: &call.name, arguments: Arguments(&call.args) },
+        }))
+    }
+}
+
+#[derive(Serialize)]
+struct WireCall<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: CallFunction<'a>,
+}
+
+#[derive(Serialize)]
+struct CallFunction<'a> {
+    name: &'a str,
+    arguments: Arguments<'a>,
+}
+
+/// A call's arguments as the wire wants them: a string of JSON (arguments kept
+/// as text, unparsed, go as they are).
+struct Arguments<'a>(&'a Value);
+
+impl Serialize for Arguments<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self.0 {
+            Value::String(text) => serializer.serialize_str(text),
+            other => serializer.collect_str(other),
         }
     }
-    if let Some(call_id) = &message.tool_call_id {
-        value["tool_call_id"] = json!(call_id);
-    }
-    value
 }
 
 #[derive(Debug, Default)]
@@ -284,6 +376,8 @@ pub fn last_event_end(buffer: &[u8], from: usize) -> Option<usize> {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     #[test]
@@ -350,11 +444,65 @@ mod tests {
             max_tokens: None,
             temperature: None,
         };
-        let body = request_body(&request, "m", false);
+        let body = json!(request_body(&request, "m", false));
         assert_eq!(body["tool_choice"], json!({"type": "function", "function": {"name": "create_draft"}}));
         request.tool_choice = ToolChoice::None;
-        assert_eq!(request_body(&request, "m", false)["tool_choice"], "none");
+        assert_eq!(json!(request_body(&request, "m", false))["tool_choice"], "none");
         assert_eq!(ToolChoice::Tool("x".into()).callable(&request.tools), Vec::<String>::new(), "only an offered tool");
+    }
+
+    #[test]
+    fn a_request_body_is_the_chat_completions_format() {
+        let tool = std::sync::Arc::new(troupe_actors::llm::ToolDefinition {
+            name: "search".into(),
+            description: "Searches \"mail\".".into(),
+            parameters: json!({"type": "object", "properties": {"q": {"type": "string"}}}),
+        });
+        let asks = Message {
+            role: Role::Assistant,
+            content: String::new(),
+            tool_calls: vec![
+                ToolCall { call_id: "c1".into(), name: "search".into(), args: json!({"q": "a \"b\""}) },
+                ToolCall { call_id: "c2".into(), name: "search".into(), args: json!("{\"q\": 1") },
+            ],
+            tool_call_id: None,
+        };
+        let answer = Message { tool_call_id: Some("c1".into()), ..Message::text(Role::Tool, "found\n2") };
+        let request = ChatRequest {
+            messages: vec![Message::text(Role::System, "Be brief."), Message::text(Role::User, "hi"), asks, answer],
+            tools: vec![tool],
+            tool_choice: ToolChoice::Auto,
+            max_tokens: Some(100),
+            temperature: Some(0.2),
+        };
+        let encoded = serde_json::to_string(&request_body(&request, "gpt", true)).unwrap();
+        let body: Value = serde_json::from_str(&encoded).unwrap();
+        assert_eq!(
+            body,
+            json!({
+                "model": "gpt",
+                "messages": [
+                    {"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": null, "tool_calls": [
+                        {"id": "c1", "type": "function", "function": {"name": "search", "arguments": "{\"q\":\"a \\\"b\\\"\"}"}},
+                        {"id": "c2", "type": "function", "function": {"name": "search", "arguments": "{\"q\": 1"}},
+                    ]},
+                    {"role": "tool", "content": "found\n2", "tool_call_id": "c1"},
+                ],
+                "tools": [{"type": "function", "function": {"name": "search", "description": "Searches \"mail\".",
+                    "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}],
+                "tool_choice": "auto",
+                "temperature": 0.2,
+                "max_tokens": 100,
+                "stream": true,
+                "stream_options": {"include_usage": true},
+            })
+        );
+        let quiet = ChatRequest { tools: Vec::new(), temperature: None, max_tokens: None, ..request };
+        let body = json!(request_body(&quiet, "gpt", false));
+        let keys: Vec<&String> = body.as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["messages", "model"], "no tools, no tool_choice, no sampling settings, no stream");
     }
 
     #[test]
