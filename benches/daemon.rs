@@ -79,11 +79,9 @@ async fn bench_store(scratch: &Path, store: &str, url: Option<String>, runs_one:
         let after = daemon.sample();
         latencies.sort();
         let turns = (runs as u64 * TURNS_PER_RUN) as f64;
-        let cpu = |pick: fn(&Sample) -> f64| (pick(&after) - pick(&before)) * 1e6 / turns;
         println!(
-            "{store}, {label}: {:.0} µs CPU a turn (sqlx's SQLite threads {:.0} µs), {:.0} turns/s, run p50 {:.2} ms p99 {:.2} ms, {:.1} context switches a run",
-            cpu(|s| s.cpu),
-            cpu(|s| s.cpu_sqlx),
+            "{store}, {label}: {:.0} µs CPU a turn, {:.0} turns/s, run p50 {:.2} ms p99 {:.2} ms, {:.1} context switches a run",
+            (after.cpu - before.cpu) * 1e6 / turns,
             turns / wall.as_secs_f64(),
             percentile(&latencies, 0.5),
             percentile(&latencies, 0.99),
@@ -275,8 +273,6 @@ struct Daemon {
 struct Sample {
     /// CPU seconds of the whole process.
     cpu: f64,
-    /// CPU seconds of sqlx's SQLite worker threads.
-    cpu_sqlx: f64,
     /// Context switches of all its threads, voluntary and not.
     switches: u64,
     rss_kib: u64,
@@ -334,16 +330,13 @@ impl Daemon {
 
     fn sample(&self) -> Sample {
         let pid = self.child.id();
-        let mut sample = Sample { cpu: 0.0, cpu_sqlx: 0.0, switches: 0, rss_kib: 0, threads: Default::default() };
+        let mut sample = Sample { cpu: 0.0, switches: 0, rss_kib: 0, threads: Default::default() };
         let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the daemon's threads");
         for task in tasks.flatten() {
             let path = task.path();
             let cpu = thread_cpu(&path.join("stat"));
             sample.cpu += cpu;
             let name = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
-            if name.starts_with("sqlx-sqlite") {
-                sample.cpu_sqlx += cpu;
-            }
             let status = std::fs::read_to_string(path.join("status")).unwrap_or_default();
             let switches = status_field(&status, "voluntary_ctxt_switches:")
                 + status_field(&status, "nonvoluntary_ctxt_switches:");
