@@ -5,6 +5,7 @@
 //! cargo bench --bench daemon -- 1000 4000 sqlite # RUNS_ONE RUNS_MANY, only the stores named
 //! TROUPE_BENCH_PG_URL=postgres://user@host:5432/postgres cargo bench --bench daemon
 //! cargo bench --bench daemon -- 0 2000 cluster  # 1, 2, 3 daemons on one PostgreSQL, then 20 takeovers
+//! TROUPE_BENCH_WRAP="valgrind --tool=callgrind" cargo bench --bench daemon -- 100 0 sqlite  # the daemon under a tool
 //! ```
 //!
 //! Three processes: this driver, `troupe serve` (the release binary of this
@@ -72,6 +73,9 @@ async fn bench_store(scratch: &Path, store: &str, url: Option<String>, runs_one:
     driver.many(100, IN_FLIGHT).await;
 
     for (label, runs, in_flight) in [("1 client", runs_one, 1), ("50 in flight", runs_many, IN_FLIGHT)] {
+        if runs == 0 {
+            continue;
+        }
         let before = daemon.sample();
         let wall = Instant::now();
         let mut latencies = driver.many(runs, in_flight).await;
@@ -304,7 +308,7 @@ impl Daemon {
         );
         std::fs::write(dir.join("troupe.toml"), config).expect("the config");
         let log = std::fs::File::create(dir.join("daemon.log")).expect("the log");
-        let mut command = Command::new(daemon_binary());
+        let mut command = wrapped(daemon_binary());
         command
             .args(["serve", "--bind", "127.0.0.1:0", "--insecure-no-auth", "--data-dir"])
             .arg(dir.join("data"))
@@ -357,7 +361,21 @@ impl Daemon {
 }
 
 impl Drop for Daemon {
+    /// Under a tool (`TROUPE_BENCH_WRAP`), the daemon is stopped as a service
+    /// manager stops it (SIGTERM), so that the tool writes its report; otherwise,
+    /// and after 60 s, it is killed.
     fn drop(&mut self) {
+        if std::env::var_os("TROUPE_BENCH_WRAP").is_some() {
+            let pid = self.child.id().to_string();
+            let _ = Command::new("kill").args(["-TERM", &pid]).status();
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = self.child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -366,6 +384,22 @@ impl Drop for Daemon {
 /// `target/release/troupe`, next to this bench's own binary.
 fn daemon_binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_troupe"))
+}
+
+/// A command that runs `program`, under the command in `TROUPE_BENCH_WRAP` if it
+/// is set (e.g. `valgrind --tool=callgrind`: instruction counts repeat where CPU
+/// time on a shared machine does not).
+fn wrapped(program: PathBuf) -> Command {
+    let wrap = std::env::var("TROUPE_BENCH_WRAP").unwrap_or_default();
+    let mut words = wrap.split_whitespace();
+    match words.next() {
+        Some(tool) => {
+            let mut command = Command::new(tool);
+            command.args(words).arg(program);
+            command
+        }
+        None => Command::new(program),
+    }
 }
 
 /// User plus system seconds from a `stat` file (USER_HZ is 100 on mainstream Linux).
