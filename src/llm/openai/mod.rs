@@ -90,6 +90,8 @@ pub struct Provider {
     http: reqwest::Client,
     slots: Arc<Semaphore>,
     waiting: AtomicUsize,
+    /// The tool definitions its requests offer, each encoded once.
+    encoded_tools: wire::EncodedTools,
 }
 
 impl Provider {
@@ -101,7 +103,13 @@ impl Provider {
             .build()
             .map_err(|error| ModelError::Transport(format!("cannot build the HTTP client: {error}")))?;
         let slots = Arc::new(Semaphore::new(settings.max_concurrency.clamp(1, Semaphore::MAX_PERMITS)));
-        Ok(Arc::new(Self { settings, http, slots, waiting: AtomicUsize::new(0) }))
+        Ok(Arc::new(Self {
+            settings,
+            http,
+            slots,
+            waiting: AtomicUsize::new(0),
+            encoded_tools: wire::EncodedTools::default(),
+        }))
     }
 
     /// A concurrency slot, waiting in the bounded queue if need be.
@@ -269,11 +277,12 @@ impl ModelClient for OpenAiModel {
                 return Err(error);
             }
         };
-        // Encoded once, and the request and its JSON tree let go: a call waiting
-        // on a slow model holds one copy of its prompt (the bytes every attempt
-        // sends), not three, and no more than its length (encoding grows the buffer
-        // by doubling).
-        let body = serde_json::to_vec(&wire::request_body(&request, &self.settings.id, self.settings.stream))
+        // Encoded once, and the request let go: a call waiting on a slow model
+        // holds one copy of its prompt (the bytes every attempt sends), and no more
+        // than its length (encoding grows the buffer by doubling).
+        let body = wire::request_body(&request, &self.settings.id, self.settings.stream)
+            .with_tools(&self.provider.encoded_tools);
+        let body = serde_json::to_vec(&body)
             .map(|mut encoded| {
                 encoded.shrink_to_fit();
                 Bytes::from(encoded)

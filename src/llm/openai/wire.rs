@@ -7,12 +7,14 @@
 //! delta shown to the run, and is copied only into the reply being assembled.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use serde::Serialize;
-use serde::ser::{SerializeMap, Serializer};
+use serde::ser::{Error as _, SerializeMap, Serializer};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
-use troupe_actors::llm::{ChatRequest, Message, ModelDelta, ModelReply, Role, ToolChoice};
+use troupe_actors::llm::{ChatRequest, Message, ModelDelta, ModelReply, Role, ToolChoice, ToolDefinition};
 use troupe_actors::protocol::{ToolCall, Usage};
 
 use crate::llm::recover;
@@ -21,7 +23,7 @@ use crate::llm::recover;
 /// prompt (messages, tool schemas) written straight from the request instead of
 /// first copied into a JSON tree.
 pub fn request_body<'a>(request: &'a ChatRequest, model: &'a str, stream: bool) -> RequestBody<'a> {
-    RequestBody { request, model, stream }
+    RequestBody { request, model, stream, tools: None }
 }
 
 /// See [`request_body`].
@@ -29,6 +31,55 @@ pub struct RequestBody<'a> {
     request: &'a ChatRequest,
     model: &'a str,
     stream: bool,
+    tools: Option<&'a EncodedTools>,
+}
+
+impl<'a> RequestBody<'a> {
+    /// The tool definitions taken from `tools`, each encoded once.
+    pub fn with_tools(self, tools: &'a EncodedTools) -> Self {
+        Self { tools: Some(tools), ..self }
+    }
+}
+
+/// Tool definitions as they go out, each encoded once: an agent offers the same
+/// definitions (shared `Arc`s) every turn, and their schemas can be most of a
+/// request.
+#[derive(Default)]
+pub struct EncodedTools {
+    /// By the definition's address; the `Weak` keeps that address from being
+    /// reused while the entry exists, and tells a definition let go.
+    encoded: Mutex<HashMap<usize, Encoded>>,
+}
+
+/// A definition, weakly, and its encoding.
+type Encoded = (Weak<ToolDefinition>, Arc<RawValue>);
+
+/// Entries kept before those of definitions let go are dropped.
+const ENCODED_TOOLS: usize = 1024;
+
+impl EncodedTools {
+    fn get(&self, tool: &Arc<ToolDefinition>) -> Result<Arc<RawValue>, serde_json::Error> {
+        let key = Arc::as_ptr(tool) as usize;
+        let mut encoded = self.encoded.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((weak, raw)) = encoded.get(&key)
+            && weak.strong_count() > 0
+        {
+            return Ok(raw.clone());
+        }
+        if encoded.len() >= ENCODED_TOOLS {
+            encoded.retain(|_, (weak, _)| weak.strong_count() > 0);
+        }
+        let raw: Arc<RawValue> = serde_json::value::to_raw_value(&tool_entry(tool))?.into();
+        encoded.insert(key, (Arc::downgrade(tool), raw.clone()));
+        Ok(raw)
+    }
+}
+
+fn tool_entry(tool: &ToolDefinition) -> Named<Function<'_>> {
+    Named {
+        kind: "function",
+        function: Function { name: &tool.name, description: &tool.description, parameters: &tool.parameters },
+    }
 }
 
 impl Serialize for RequestBody<'_> {
@@ -38,7 +89,7 @@ impl Serialize for RequestBody<'_> {
         body.serialize_entry("model", self.model)?;
         body.serialize_entry("messages", &Messages(&request.messages))?;
         if !request.tools.is_empty() {
-            body.serialize_entry("tools", &Tools(&request.tools))?;
+            body.serialize_entry("tools", &Tools { tools: &request.tools, encoded: self.tools })?;
             match &request.tool_choice {
                 ToolChoice::Auto => body.serialize_entry("tool_choice", "auto")?,
                 ToolChoice::None => body.serialize_entry("tool_choice", "none")?,
@@ -88,14 +139,19 @@ struct Function<'a> {
     parameters: &'a Value,
 }
 
-struct Tools<'a>(&'a [std::sync::Arc<troupe_actors::llm::ToolDefinition>]);
+struct Tools<'a> {
+    tools: &'a [Arc<ToolDefinition>],
+    encoded: Option<&'a EncodedTools>,
+}
 
 impl Serialize for Tools<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_seq(self.0.iter().map(|tool| Named {
-            kind: "function",
-            function: Function { name: &tool.name, description: &tool.description, parameters: &tool.parameters },
-        }))
+        let Some(encoded) = self.encoded else {
+            return serializer.collect_seq(self.tools.iter().map(|tool| tool_entry(tool)));
+        };
+        let entries: Vec<Arc<RawValue>> =
+            self.tools.iter().map(|tool| encoded.get(tool)).collect::<Result<_, _>>().map_err(S::Error::custom)?;
+        serializer.collect_seq(entries.iter())
     }
 }
 
@@ -503,6 +559,39 @@ mod tests {
         let body = json!(request_body(&quiet, "gpt", false));
         let keys: Vec<&String> = body.as_object().unwrap().keys().collect();
         assert_eq!(keys, ["messages", "model"], "no tools, no tool_choice, no sampling settings, no stream");
+    }
+
+    #[test]
+    fn tool_definitions_are_encoded_once_and_a_new_one_gets_its_own() {
+        let tool = |name: &str| {
+            Arc::new(ToolDefinition {
+                name: name.into(),
+                description: "Does it.".into(),
+                parameters: json!({"type": "object", "properties": {"q": {"type": "string"}}}),
+            })
+        };
+        let request = |tools: Vec<Arc<ToolDefinition>>| ChatRequest {
+            messages: vec![Message::text(Role::User, "hi")],
+            tools,
+            tool_choice: ToolChoice::Auto,
+            max_tokens: None,
+            temperature: None,
+        };
+        let encoded = EncodedTools::default();
+        let search = tool("search");
+        let first = request(vec![search.clone(), tool("echo")]);
+        let plain = serde_json::to_string(&request_body(&first, "m", false)).unwrap();
+        let cached = serde_json::to_string(&request_body(&first, "m", false).with_tools(&encoded)).unwrap();
+        assert_eq!(cached, plain, "the same bytes as encoding each time");
+        let again = serde_json::to_string(&request_body(&first, "m", false).with_tools(&encoded)).unwrap();
+        assert_eq!(again, plain);
+        assert!(Arc::ptr_eq(&encoded.get(&search).unwrap(), &encoded.get(&search).unwrap()), "encoded once");
+        drop(first);
+        drop(search);
+        let second = request(vec![tool("create_draft")]);
+        let body = json!(request_body(&second, "m", false).with_tools(&encoded));
+        assert_eq!(body["tools"][0]["function"]["name"], "create_draft");
+        assert_eq!(body["tools"].as_array().map(Vec::len), Some(1));
     }
 
     #[test]
