@@ -38,8 +38,9 @@
 //! written and fails alone; if a group's transaction fails, every commit of the
 //! group is written again alone, each in its own transaction, so each caller gets
 //! its own outcome. The writer's connection has a page cache of 8 MiB (a group's
-//! index pages stay in memory; see `direct.rs` for why not more); each reader's is 8 MiB, so that large values read
-//! back (a long final output) are not held by every connection. SQLite's
+//! index pages stay in memory; `direct.rs` says why not more); each reader's is
+//! 8 MiB too, so that large values read back (a long final output) are not held
+//! by every connection. SQLite's
 //! connections are not pinged before use (a local file cannot go stale).
 
 use std::str::FromStr;

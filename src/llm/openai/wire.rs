@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use serde::Serialize;
-use serde::ser::{Error as _, SerializeMap, Serializer};
+use serde::ser::{Error as _, SerializeMap, SerializeSeq, Serializer};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use troupe_actors::llm::{ChatRequest, Message, ModelDelta, ModelReply, Role, ToolChoice, ToolDefinition};
@@ -118,8 +118,8 @@ struct StreamOptions {
     include_usage: bool,
 }
 
-/// `{"type": "function", "function": {...}}`, the shape of a tool, a call and a
-/// named tool choice.
+/// `{"type": "function", "function": {...}}`, the shape of a tool and of a named
+/// tool choice.
 #[derive(Serialize)]
 struct Named<F> {
     #[serde(rename = "type")]
@@ -149,9 +149,11 @@ impl Serialize for Tools<'_> {
         let Some(encoded) = self.encoded else {
             return serializer.collect_seq(self.tools.iter().map(|tool| tool_entry(tool)));
         };
-        let entries: Vec<Arc<RawValue>> =
-            self.tools.iter().map(|tool| encoded.get(tool)).collect::<Result<_, _>>().map_err(S::Error::custom)?;
-        serializer.collect_seq(entries.iter())
+        let mut seq = serializer.serialize_seq(Some(self.tools.len()))?;
+        for tool in self.tools {
+            seq.serialize_element(&encoded.get(tool).map_err(S::Error::custom)?)?;
+        }
+        seq.end()
     }
 }
 
