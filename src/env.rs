@@ -60,6 +60,27 @@ impl Environment {
             base_url: self.openai_base_url.clone(),
             api_key: self.openai_api_key.clone(),
             model: self.model.clone(),
+            http_proxy: ["http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"]
+                .iter()
+                .any(|name| self.var(name).is_some_and(|value| !value.is_empty())),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_proxy_for_plain_http_is_seen_in_either_case_and_an_empty_one_is_none() {
+        let proxied = |vars: &[(&str, &str)]| {
+            Environment::from_vars(vars.iter().map(|(name, value)| ((*name).to_owned(), (*value).to_owned())))
+                .model()
+                .http_proxy
+        };
+        assert!(proxied(&[("http_proxy", "http://proxy:3128")]));
+        assert!(proxied(&[("ALL_PROXY", "socks5://proxy:1080")]));
+        assert!(!proxied(&[("HTTP_PROXY", "")]));
+        assert!(!proxied(&[("HTTPS_PROXY", "http://proxy:3128")]), "HTTPS providers go through reqwest anyway");
     }
 }

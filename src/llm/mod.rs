@@ -149,6 +149,9 @@ pub struct EnvModel {
     pub api_key: Option<String>,
     /// `TROUPE_MODEL`: the model id.
     pub model: Option<String>,
+    /// A proxy for plain HTTP is set (`http_proxy`, `all_proxy`, upper or lower
+    /// case): providers then go through reqwest, which honours it.
+    pub http_proxy: bool,
 }
 
 /// Why the models could not be built.
@@ -191,7 +194,7 @@ pub fn build_models(
     let mut clients = BTreeMap::new();
     for (name, provider) in providers {
         let key = provider.api_key_env.as_deref().and_then(&api_key);
-        clients.insert(name.clone(), build_provider(name, provider, key)?);
+        clients.insert(name.clone(), build_provider(name, provider, key, env.http_proxy)?);
     }
     for (name, model) in models {
         if matches!(name.as_str(), LOCAL | OFFLINE) {
@@ -228,7 +231,7 @@ pub fn build_models(
     if let Some(id) = &env_model {
         let base_url = env.base_url.clone().unwrap_or_else(|| "https://api.openai.com/v1".to_owned());
         let provider = ProviderConfig::with_base_url(base_url);
-        let client = build_provider("env", &provider, env.api_key.clone())?;
+        let client = build_provider("env", &provider, env.api_key.clone(), env.http_proxy)?;
         let model = ModelConfig {
             provider: "env".into(),
             id: id.clone(),
@@ -281,7 +284,12 @@ fn settings(name: &str, model: &ModelConfig) -> ModelSettings {
     }
 }
 
-fn build_provider(name: &str, config: &ProviderConfig, api_key: Option<String>) -> Result<Arc<Provider>, ModelsError> {
+fn build_provider(
+    name: &str,
+    config: &ProviderConfig,
+    api_key: Option<String>,
+    http_proxy: bool,
+) -> Result<Arc<Provider>, ModelsError> {
     let invalid = |message: String| ModelsError::Invalid { provider: name.to_owned(), message };
     let seconds = |what: &str, value: f64| {
         Duration::try_from_secs_f64(value)
@@ -311,7 +319,8 @@ fn build_provider(name: &str, config: &ProviderConfig, api_key: Option<String>) 
             max_total: seconds("max_retry_time", config.max_retry_time)?,
         },
     };
-    Provider::new(settings).map_err(|error| invalid(error.to_string()))
+    let provider = if http_proxy { Provider::with_general_client(settings) } else { Provider::new(settings) };
+    provider.map_err(|error| invalid(error.to_string()))
 }
 
 #[cfg(test)]
@@ -358,14 +367,19 @@ mod tests {
         assert_eq!(remote.get(Some("local")).unwrap().name(), "local");
         let chosen = build_models(&none, &no_models, Some("offline"), &EnvModel::default(), Some(local), |_| None);
         assert_eq!(chosen.unwrap().get(None).unwrap().name(), "offline");
-        let env =
-            EnvModel { base_url: Some("http://127.0.0.1:9/v1".into()), api_key: None, model: Some("gpt-x".into()) };
+        let env = EnvModel {
+            base_url: Some("http://127.0.0.1:9/v1".into()),
+            api_key: None,
+            model: Some("gpt-x".into()),
+            http_proxy: false,
+        };
         let quick = build_models(&none, &no_models, None, &env, None, |_| None).unwrap();
         assert_eq!(quick.get(None).unwrap().name(), "env");
-        let key_only = EnvModel { base_url: None, api_key: Some("sk-test".into()), model: None };
+        let key_only = EnvModel { base_url: None, api_key: Some("sk-test".into()), model: None, http_proxy: false };
         let openai = build_models(&none, &no_models, None, &key_only, None, |_| None).unwrap();
         assert_eq!(openai.get(None).unwrap().name(), "env", "a key alone uses OpenAI");
-        let server_only = EnvModel { base_url: Some("http://127.0.0.1:9/v1".into()), api_key: None, model: None };
+        let server_only =
+            EnvModel { base_url: Some("http://127.0.0.1:9/v1".into()), api_key: None, model: None, http_proxy: false };
         let error = error_of(build_models(&none, &no_models, None, &server_only, None, |_| None));
         assert!(error.contains("TROUPE_MODEL"), "{error}");
     }

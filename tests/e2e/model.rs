@@ -42,18 +42,28 @@ fn provider_settings(server: &FakeOpenAi) -> ProviderSettings {
     }
 }
 
-fn model_with(server: &FakeOpenAi, tweak: impl FnOnce(&mut ProviderSettings)) -> OpenAiModel {
-    let mut settings = provider_settings(server);
-    tweak(&mut settings);
-    let model = ModelSettings {
+fn model_settings() -> ModelSettings {
+    ModelSettings {
         name: "fake-model".into(),
         id: "gpt-fake".into(),
         stream: true,
         input_price_per_million: 1.0,
         output_price_per_million: 2.0,
         context_window: None,
-    };
-    OpenAiModel::new(Provider::new(settings).unwrap(), model)
+    }
+}
+
+fn model_with(server: &FakeOpenAi, tweak: impl FnOnce(&mut ProviderSettings)) -> OpenAiModel {
+    let mut settings = provider_settings(server);
+    tweak(&mut settings);
+    OpenAiModel::new(Provider::new(settings).unwrap(), model_settings())
+}
+
+/// The same model through reqwest, the client of HTTPS and proxied providers.
+fn general_model_with(server: &FakeOpenAi, tweak: impl FnOnce(&mut ProviderSettings)) -> OpenAiModel {
+    let mut settings = provider_settings(server);
+    tweak(&mut settings);
+    OpenAiModel::new(Provider::with_general_client(settings).unwrap(), model_settings())
 }
 
 fn request() -> ChatRequest {
@@ -205,6 +215,32 @@ async fn a_hanging_server_hits_the_first_byte_timeout() {
     assert_eq!(reply, Err(ModelError::Timeout(Duration::from_millis(200))));
     assert_eq!(server.requests().len(), 2, "a timeout is retried, within the bound");
     assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[tokio::test]
+async fn the_general_client_streams_retries_and_times_out_alike() {
+    let busy = FakeReply::Status { status: 429, retry_after: Some("1".into()), body: "{}".into() };
+    let truncated = FakeReply::Stream {
+        chunks: vec![json!({"choices": [{"index": 0, "delta": {"content": "half"}}]})],
+        delay_ms: 0,
+        done: false,
+    };
+    let server = server(vec![busy, text_stream("Hello there, world", 3), truncated, FakeReply::Hang]).await;
+    let model = general_model_with(&server, |settings| {
+        settings.first_byte_timeout = Duration::from_millis(300);
+        settings.retry.max_attempts = 2;
+    });
+    let (deltas, reply) = call(&model).await;
+    assert_eq!(reply.unwrap().content, "Hello there, world");
+    assert!(deltas.len() >= 3);
+    let requests = server.requests();
+    assert!(requests[1].at - requests[0].at >= Duration::from_secs(1), "the retry honoured Retry-After");
+    assert_eq!(requests[1].authorization.as_deref(), Some(format!("Bearer {CANARY}").as_str()));
+    assert_eq!(call(&model).await.1, Err(ModelError::Incomplete));
+    // The hang, then the script is exhausted (a 500): the timeout is retried once.
+    let (_, reply) = call(&model).await;
+    assert!(matches!(reply, Err(ModelError::Status { status: 500, .. })), "{reply:?}");
+    assert_eq!(server.requests().len(), 5);
 }
 
 #[tokio::test]

@@ -1,5 +1,8 @@
 //! An OpenAI-compatible Chat Completions client (OpenAI, vLLM, Ollama, llama.cpp's
-//! server, LM Studio, LiteLLM…), hand-rolled on reqwest so vendor fields survive.
+//! server, LM Studio, LiteLLM…), hand-rolled so vendor fields survive. A provider
+//! over plain HTTP is reached by a lean HTTP/1.1 client on the caller's task
+//! ([`http1`]); HTTPS, and every provider when a proxy is set in the
+//! environment, by reqwest.
 //!
 //! Per provider: one connection pool, a concurrency limit with a bounded wait
 //! queue (beyond it: `ModelError::Overloaded`), and the retry policy. Timeouts:
@@ -13,6 +16,7 @@
 //! the attempt and the delay), and so is a request that failed for good (WARN, or
 //! ERROR when retrying could not help) and a reply cut mid-stream.
 
+mod http1;
 mod retry;
 pub mod wire;
 
@@ -87,29 +91,60 @@ pub struct ProviderSettings {
 /// A provider: settings plus its shared pool and limits.
 pub struct Provider {
     settings: ProviderSettings,
-    http: reqwest::Client,
+    transport: Transport,
     slots: Arc<Semaphore>,
     waiting: AtomicUsize,
     /// The tool definitions its requests offer, each encoded once.
     encoded_tools: wire::EncodedTools,
 }
 
+/// How a provider's requests travel.
+enum Transport {
+    /// Plain HTTP, no proxy: the lean client.
+    Lean(Arc<http1::Endpoint>),
+    /// HTTPS, or through a proxy: reqwest.
+    General(reqwest::Client),
+}
+
 impl Provider {
-    /// Builds the provider's HTTP client.
+    /// Builds the provider's HTTP client: the lean one for a plain-HTTP base URL,
+    /// reqwest for HTTPS.
     pub fn new(settings: ProviderSettings) -> Result<Arc<Self>, ModelError> {
+        let url = reqwest::Url::parse(&chat_url(&settings.base_url)).ok().filter(|url| url.scheme() == "http");
+        match url {
+            Some(url) => {
+                let key = settings.api_key.as_ref().map(|Secret(key)| format!("Bearer {key}"));
+                let mut headers = vec![("content-type", "application/json"), ("accept", "*/*")];
+                headers.extend(settings.headers.iter().map(|(name, Secret(value))| (name.as_str(), value.as_str())));
+                headers.extend(key.as_deref().map(|key| ("authorization", key)));
+                let endpoint = http1::Endpoint::new(&url, &headers, settings.connect_timeout, settings.max_concurrency)
+                    .map_err(ModelError::Transport)?;
+                Ok(Self::with(settings, Transport::Lean(endpoint)))
+            }
+            None => Self::with_general_client(settings),
+        }
+    }
+
+    /// A provider that uses reqwest whatever its URL: what one behind a proxy set
+    /// in the environment uses (reqwest honours `http_proxy` and the like).
+    pub fn with_general_client(settings: ProviderSettings) -> Result<Arc<Self>, ModelError> {
         let http = reqwest::Client::builder()
             .connect_timeout(settings.connect_timeout)
             .pool_max_idle_per_host(settings.max_concurrency)
             .build()
             .map_err(|error| ModelError::Transport(format!("cannot build the HTTP client: {error}")))?;
+        Ok(Self::with(settings, Transport::General(http)))
+    }
+
+    fn with(settings: ProviderSettings, transport: Transport) -> Arc<Self> {
         let slots = Arc::new(Semaphore::new(settings.max_concurrency.clamp(1, Semaphore::MAX_PERMITS)));
-        Ok(Arc::new(Self {
+        Arc::new(Self {
             settings,
-            http,
+            transport,
             slots,
             waiting: AtomicUsize::new(0),
             encoded_tools: wire::EncodedTools::default(),
-        }))
+        })
     }
 
     /// A concurrency slot, waiting in the bounded queue if need be.
@@ -202,28 +237,46 @@ impl OpenAiModel {
     }
 
     /// One attempt at sending `body`, classified for the retry loop.
-    async fn send(&self, body: &Bytes) -> Attempt<reqwest::Response> {
+    async fn send(&self, body: &Bytes) -> Attempt<Reply> {
         let settings = &self.provider.settings;
-        let url = format!("{}/chat/completions", settings.base_url.trim_end_matches('/'));
-        let mut request =
-            self.provider.http.post(url).header(reqwest::header::CONTENT_TYPE, "application/json").body(body.clone());
-        for (name, Secret(value)) in &settings.headers {
-            request = request.header(name, value);
-        }
-        if let Some(Secret(key)) = &settings.api_key {
-            request = request.bearer_auth(key);
-        }
         // The call's span (`chat MODEL`) as the parent of the server's work.
-        let mut trace = reqwest::header::HeaderMap::new();
-        crate::otel::inject(&mut trace);
-        request = request.headers(trace);
-        let response = match tokio::time::timeout(settings.first_byte_timeout, request.send()).await {
+        let trace = crate::otel::traceparent_of(&tracing::Span::current());
+        // A failed send: its message, and whether trying again may help.
+        let sent = match &self.provider.transport {
+            Transport::Lean(endpoint) => {
+                let extra: Vec<(&str, &str)> = trace.iter().map(|value| ("traceparent", value.as_str())).collect();
+                tokio::time::timeout(settings.first_byte_timeout, endpoint.post(&extra, body))
+                    .await
+                    .map(|sent| sent.map(Reply::Lean).map_err(|error| (error.to_string(), true)))
+            }
+            Transport::General(http) => {
+                let mut request = http
+                    .post(chat_url(&settings.base_url))
+                    .header(reqwest::header::CONTENT_TYPE, "application/json")
+                    .body(body.clone());
+                for (name, Secret(value)) in &settings.headers {
+                    request = request.header(name, value);
+                }
+                if let Some(Secret(key)) = &settings.api_key {
+                    request = request.bearer_auth(key);
+                }
+                if let Some(trace) = &trace {
+                    request = request.header("traceparent", trace);
+                }
+                tokio::time::timeout(settings.first_byte_timeout, request.send()).await.map(|sent| {
+                    sent.map(Reply::General).map_err(|error| {
+                        let retriable = error.is_connect() || error.is_timeout() || error.is_request();
+                        (error.without_url().to_string(), retriable)
+                    })
+                })
+            }
+        };
+        let response = match sent {
             Err(_) => {
                 return Attempt::Retry { error: ModelError::Timeout(settings.first_byte_timeout), after: None };
             }
-            Ok(Err(error)) => {
-                let retriable = error.is_connect() || error.is_timeout() || error.is_request();
-                let error = ModelError::Transport(self.provider.scrub(&error.without_url().to_string()));
+            Ok(Err((message, retriable))) => {
+                let error = ModelError::Transport(self.provider.scrub(&message));
                 if retriable {
                     return Attempt::Retry { error, after: None };
                 }
@@ -231,16 +284,12 @@ impl OpenAiModel {
             }
             Ok(Ok(response)) => response,
         };
-        let status = response.status().as_u16();
-        if response.status().is_success() {
+        let status = response.status();
+        if (200..300).contains(&status) {
             return Attempt::Done(response);
         }
-        let after = response
-            .headers()
-            .get(reqwest::header::RETRY_AFTER)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| parse_retry_after(value, chrono::Utc::now()));
-        let text = read_limited(response, 64 * 1024, settings.idle_timeout).await.unwrap_or_default();
+        let after = response.retry_after().and_then(|value| parse_retry_after(value, chrono::Utc::now()));
+        let text = read_limited(response.into_body(), 64 * 1024, settings.idle_timeout).await;
         let text = String::from_utf8_lossy(&text);
         let error = ModelError::Status { status, message: self.provider.scrub(text.trim()) };
         let quota = text.contains("insufficient_quota") || text.contains("quota_exceeded");
@@ -316,7 +365,7 @@ impl ModelClient for OpenAiModel {
         };
         drop(body);
         let reading = Reading {
-            body: Some(response.bytes_stream().boxed()),
+            body: Some(response.into_body()),
             buffer: Vec::new(),
             searched: 0,
             accumulator: Accumulator::default(),
@@ -361,7 +410,7 @@ const KEEP_BUFFER: usize = 64 * 1024;
 /// even if the caller keeps the stream.
 struct Reading {
     /// `None` once the reply is over: the connection goes back to the pool.
-    body: Option<BoxStream<'static, reqwest::Result<Bytes>>>,
+    body: Option<BodyReader>,
     /// Bytes not yet read as events (the whole body, when not streaming).
     buffer: Vec<u8>,
     /// How much of `buffer` is known to hold no event boundary.
@@ -388,9 +437,7 @@ impl Reading {
             let settings = &self.provider.settings;
             let piece = match tokio::time::timeout(settings.idle_timeout, body.next()).await {
                 Err(_) => return self.fail(ModelError::Timeout(settings.idle_timeout)),
-                Ok(Some(Err(error))) => {
-                    return self.fail(ModelError::Transport(self.provider.scrub(&error.without_url().to_string())));
-                }
+                Ok(Some(Err(error))) => return self.fail(ModelError::Transport(self.provider.scrub(&error))),
                 Ok(Some(Ok(piece))) => piece,
                 Ok(None) => return self.end_of_body(),
             };
@@ -529,7 +576,9 @@ impl Reading {
     /// The reply is over: the body, the buffer and the concurrency slot go back.
     fn release(&mut self) {
         self.ended = true;
-        self.body = None;
+        if let Some(body) = self.body.take() {
+            body.close();
+        }
         self.buffer = Vec::new();
         self.permit = None;
     }
@@ -563,8 +612,7 @@ fn retry_reason(error: &ModelError) -> &'static str {
 }
 
 /// At most `limit` bytes of a body, each chunk within `idle`.
-async fn read_limited(response: reqwest::Response, limit: usize, idle: Duration) -> Option<Vec<u8>> {
-    let mut body = response.bytes_stream();
+async fn read_limited(mut body: BodyReader, limit: usize, idle: Duration) -> Vec<u8> {
     let mut bytes = Vec::new();
     while let Ok(Some(Ok(piece))) = tokio::time::timeout(idle, body.next()).await {
         bytes.extend_from_slice(&piece);
@@ -573,5 +621,67 @@ async fn read_limited(response: reqwest::Response, limit: usize, idle: Duration)
             break;
         }
     }
-    Some(bytes)
+    bytes
+}
+
+/// The Chat Completions URL under `base_url`.
+fn chat_url(base_url: &str) -> String {
+    format!("{}/chat/completions", base_url.trim_end_matches('/'))
+}
+
+/// A response with its head read, from either client.
+enum Reply {
+    Lean(http1::Response),
+    General(reqwest::Response),
+}
+
+impl Reply {
+    fn status(&self) -> u16 {
+        match self {
+            Self::Lean(response) => response.status,
+            Self::General(response) => response.status().as_u16(),
+        }
+    }
+
+    fn retry_after(&self) -> Option<&str> {
+        match self {
+            Self::Lean(response) => response.retry_after.as_deref(),
+            Self::General(response) => {
+                response.headers().get(reqwest::header::RETRY_AFTER).and_then(|value| value.to_str().ok())
+            }
+        }
+    }
+
+    fn into_body(self) -> BodyReader {
+        match self {
+            Self::Lean(response) => BodyReader::Lean(response.body),
+            Self::General(response) => BodyReader::General(response.bytes_stream().boxed()),
+        }
+    }
+}
+
+/// A response body being read, from either client.
+enum BodyReader {
+    Lean(http1::Body),
+    General(BoxStream<'static, reqwest::Result<Bytes>>),
+}
+
+impl BodyReader {
+    /// The next piece; an error as text (not yet scrubbed of secrets).
+    async fn next(&mut self) -> Option<Result<Bytes, String>> {
+        match self {
+            Self::Lean(body) => body.next().await.map(|piece| piece.map_err(|error| error.to_string())),
+            Self::General(body) => {
+                body.next().await.map(|piece| piece.map_err(|error| error.without_url().to_string()))
+            }
+        }
+    }
+
+    /// The reply is over: what has arrived of the body's end is read, so that
+    /// its connection can be reused; the rest is not waited for.
+    fn close(self) {
+        if let Self::Lean(body) = self {
+            body.finish_now();
+        }
+    }
 }
