@@ -37,7 +37,7 @@ use troupe_actors::metrics;
 
 pub use retry::{Attempt, RetryPolicy, parse_retry_after, with_retries};
 
-use wire::Accumulator;
+use wire::{Accumulator, StreamChunk};
 
 /// An API key. Its `Debug` shows nothing, and it is never formatted into text.
 #[derive(Clone, PartialEq)]
@@ -591,13 +591,29 @@ fn fold_chunk(
     provider: &Provider,
     payload: &[u8],
 ) -> Result<(), ModelError> {
-    let chunk: Value = serde_json::from_slice(payload)
-        .map_err(|error| ModelError::Decode(format!("a stream chunk is not JSON: {error}")))?;
-    let vendor_error = (chunk.get("object").and_then(Value::as_str) == Some("error")).then_some(&chunk);
-    if let Some(error) = chunk.get("error").or(vendor_error) {
-        return Err(ModelError::Decode(format!("the provider reported: {}", provider.scrub(&error.to_string()))));
-    }
-    pending.extend(accumulator.push_chunk(chunk).into_iter().map(ModelChunk::Delta));
+    // The usual chunk is read straight into what the reply needs. One that may
+    // report an error (an `error` key, `"object": "error"`: the quoted word
+    // appears nowhere else, as text in JSON escapes its quotes), or is of another
+    // shape, is read as a whole.
+    let typed = if payload.windows(7).any(|window| window == b"\"error\"") {
+        None
+    } else {
+        serde_json::from_slice::<StreamChunk<'_>>(payload).ok()
+    };
+    let chunk = match typed {
+        Some(chunk) => chunk,
+        None => {
+            let chunk: Value = serde_json::from_slice(payload)
+                .map_err(|error| ModelError::Decode(format!("a stream chunk is not JSON: {error}")))?;
+            let vendor_error = (chunk.get("object").and_then(Value::as_str) == Some("error")).then_some(&chunk);
+            if let Some(error) = chunk.get("error").or(vendor_error) {
+                let error = provider.scrub(&error.to_string());
+                return Err(ModelError::Decode(format!("the provider reported: {error}")));
+            }
+            StreamChunk::from_value(chunk)
+        }
+    };
+    pending.extend(accumulator.push(chunk).into_iter().map(ModelChunk::Delta));
     Ok(())
 }
 

@@ -10,8 +10,9 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
-use serde::Serialize;
+use serde::de::IgnoredAny;
 use serde::ser::{Error as _, SerializeMap, SerializeSeq, Serializer};
+use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use troupe_actors::llm::{ChatRequest, Message, ModelDelta, ModelReply, Role, ToolChoice, ToolDefinition};
@@ -262,31 +263,37 @@ impl Accumulator {
 
     /// Folds one streamed chunk in; returns the deltas to show as they come (their
     /// text moved out of `chunk`).
-    pub fn push_chunk(&mut self, mut chunk: Value) -> Vec<ModelDelta> {
+    pub fn push_chunk(&mut self, chunk: Value) -> Vec<ModelDelta> {
+        self.push(StreamChunk::from_value(chunk))
+    }
+
+    /// Folds one streamed chunk in, as read by [`StreamChunk`]; returns the
+    /// deltas to show as they come.
+    pub fn push(&mut self, chunk: StreamChunk<'_>) -> Vec<ModelDelta> {
         let mut deltas = Vec::new();
-        if let Some(usage) = chunk.get("usage").filter(|usage| !usage.is_null()) {
-            self.usage = Some(read_usage(usage));
+        if let Some(usage) = chunk.usage {
+            self.usage = Some((usage.prompt_tokens.unwrap_or(0), usage.completion_tokens.unwrap_or(0)));
         }
-        for choice in chunk.get_mut("choices").and_then(Value::as_array_mut).into_iter().flatten() {
-            if choice.get("finish_reason").is_some_and(|reason| !reason.is_null()) {
+        for choice in chunk.choices.into_iter().flatten() {
+            if choice.finish_reason.is_some() {
                 self.finished = true;
             }
-            let Some(delta) = choice.get_mut("delta") else { continue };
-            if let Some(text) = take_text(delta, "content") {
+            let Some(delta) = choice.delta else { continue };
+            if let Some(text) = delta.content.filter(|text| !text.is_empty()) {
                 self.content.push_str(&text);
-                deltas.push(ModelDelta::Text(text));
+                deltas.push(ModelDelta::Text(text.into_owned()));
             }
-            for key in ["reasoning_content", "reasoning"] {
-                if let Some(text) = take_text(delta, key) {
+            for text in [delta.reasoning_content, delta.reasoning].into_iter().flatten() {
+                if !text.is_empty() {
                     self.reasoning += text.len();
-                    deltas.push(ModelDelta::Reasoning(text));
+                    deltas.push(ModelDelta::Reasoning(text.into_owned()));
                 }
             }
-            for call in delta.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
-                let id = call.get("id").and_then(Value::as_str).filter(|id| !id.is_empty());
+            for call in delta.tool_calls.into_iter().flatten() {
+                let id = call.id.as_deref().filter(|id| !id.is_empty());
                 // Without an index, a fragment with a new id opens a call; one without
                 // continues the last call.
-                let index = match (call.get("index").and_then(Value::as_u64), id) {
+                let index = match (call.index, id) {
                     (Some(index), _) => index,
                     (None, Some(id)) => self
                         .calls
@@ -300,11 +307,11 @@ impl Accumulator {
                 if let Some(id) = id {
                     extend_field(&mut partial.id, id);
                 }
-                if let Some(function) = call.get("function") {
-                    if let Some(name) = function.get("name").and_then(Value::as_str) {
+                if let Some(function) = call.function {
+                    if let Some(name) = &function.name {
                         extend_field(&mut partial.name, name);
                     }
-                    if let Some(arguments) = function.get("arguments").and_then(Value::as_str) {
+                    if let Some(arguments) = &function.arguments {
                         partial.arguments.push_str(arguments);
                     }
                 }
@@ -386,6 +393,104 @@ fn take_text(object: &mut Value, key: &str) -> Option<String> {
     match object.get_mut(key).map(Value::take) {
         Some(Value::String(text)) if !text.is_empty() => Some(text),
         _ => None,
+    }
+}
+
+/// What a streamed chunk says that a reply is made of, read straight from its
+/// JSON (text borrowed where it has no escapes). A chunk of another shape (a
+/// field of an unexpected type, a vendor's) is read leniently from a `Value`
+/// instead ([`StreamChunk::from_value`]), with the same meaning.
+#[derive(Debug, Default, Deserialize)]
+pub struct StreamChunk<'a> {
+    #[serde(default, borrow)]
+    choices: Option<Vec<ChunkChoice<'a>>>,
+    #[serde(default)]
+    usage: Option<ChunkUsage>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct ChunkChoice<'a> {
+    /// Any value but `null`.
+    #[serde(default)]
+    finish_reason: Option<IgnoredAny>,
+    #[serde(default, borrow)]
+    delta: Option<ChunkDelta<'a>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct ChunkDelta<'a> {
+    #[serde(default, borrow)]
+    content: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    reasoning_content: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    reasoning: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    tool_calls: Option<Vec<CallFragment<'a>>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct CallFragment<'a> {
+    #[serde(default)]
+    index: Option<u64>,
+    #[serde(default, borrow)]
+    id: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    function: Option<FunctionFragment<'a>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct FunctionFragment<'a> {
+    #[serde(default, borrow)]
+    name: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    arguments: Option<Cow<'a, str>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct ChunkUsage {
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+}
+
+impl StreamChunk<'static> {
+    /// A chunk read leniently: a field of another type than expected counts as
+    /// absent (text moved out of `chunk`).
+    pub fn from_value(mut chunk: Value) -> Self {
+        let text = |value: Option<&Value>| value.and_then(Value::as_str).map(|text| Cow::Owned(text.to_owned()));
+        let usage = chunk.get("usage").filter(|usage| !usage.is_null()).map(|usage| ChunkUsage {
+            prompt_tokens: usage.get("prompt_tokens").and_then(Value::as_u64),
+            completion_tokens: usage.get("completion_tokens").and_then(Value::as_u64),
+        });
+        let choices = chunk.get_mut("choices").and_then(Value::as_array_mut).map(|choices| {
+            choices
+                .iter_mut()
+                .map(|choice| ChunkChoice {
+                    finish_reason: choice.get("finish_reason").filter(|reason| !reason.is_null()).map(|_| IgnoredAny),
+                    delta: choice.get_mut("delta").map(|delta| ChunkDelta {
+                        content: take_text(delta, "content").map(Cow::Owned),
+                        reasoning_content: take_text(delta, "reasoning_content").map(Cow::Owned),
+                        reasoning: take_text(delta, "reasoning").map(Cow::Owned),
+                        tool_calls: delta.get("tool_calls").and_then(Value::as_array).map(|calls| {
+                            calls
+                                .iter()
+                                .map(|call| CallFragment {
+                                    index: call.get("index").and_then(Value::as_u64),
+                                    id: text(call.get("id")),
+                                    function: call.get("function").map(|function| FunctionFragment {
+                                        name: text(function.get("name")),
+                                        arguments: text(function.get("arguments")),
+                                    }),
+                                })
+                                .collect()
+                        }),
+                    }),
+                })
+                .collect()
+        });
+        Self { choices, usage }
     }
 }
 
@@ -620,5 +725,40 @@ mod tests {
         let mut response = Accumulator::default();
         response.push_response(json!({"choices": [{"message": {"content": "whole"}}]}));
         assert_eq!(response.finish(&[], (0.0, 0.0), "c").content, "whole");
+    }
+
+    #[test]
+    fn a_chunk_read_straight_means_what_it_means_read_as_a_value() {
+        let chunks = [
+            r#"{"id":"x","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":null,"reasoning_content":"Think \"twice\"\n"},"finish_reason":null}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"caf\u00e9 ","tool_calls":[{"index":0,"id":"c1","type":"function","function":{"name":"search","arguments":"{\"q\":"}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":" \"a\\tb\"}"}}]},"logprobs":null}]}"#,
+            r#"{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}],"usage":null}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":7,"total_tokens":19}}"#,
+        ];
+        let mut straight = Accumulator::default();
+        let mut valued = Accumulator::default();
+        for chunk in chunks {
+            let read: StreamChunk<'_> = serde_json::from_str(chunk).unwrap();
+            let deltas = straight.push(read);
+            assert_eq!(deltas, valued.push_chunk(serde_json::from_str(chunk).unwrap()), "{chunk}");
+        }
+        assert!(straight.finished);
+        let offered = ["search".to_owned()];
+        let reply = straight.finish(&offered, (1.0, 1.0), "c");
+        assert_eq!(reply, valued.finish(&offered, (1.0, 1.0), "c"));
+        assert_eq!(reply.content, "café ");
+        assert_eq!(reply.tool_calls[0].args, json!({"q": "a\tb"}));
+        assert_eq!((reply.usage.input_tokens, reply.usage.output_tokens), (12, 7));
+
+        // A field of an unexpected type fails the straight read; the lenient one
+        // takes the chunk with that field as absent.
+        let odd =
+            r#"{"choices":[{"index":0,"delta":{"content":5,"reasoning":"r","tool_calls":[{"index":"0","id":"c2"}]}}]}"#;
+        assert!(serde_json::from_str::<StreamChunk<'_>>(odd).is_err());
+        let mut lenient = Accumulator::default();
+        let deltas = lenient.push_chunk(serde_json::from_str(odd).unwrap());
+        assert_eq!(deltas, vec![ModelDelta::Reasoning("r".into())]);
+        assert_eq!(lenient.calls.get(&0).map(|call| call.id.as_str()), Some("c2"));
     }
 }
