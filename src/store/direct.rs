@@ -20,7 +20,7 @@ use rusqlite::types::{ToSql, ToSqlOutput, ValueRef};
 use rusqlite::{Connection, ErrorCode, OpenFlags};
 use troupe_actors::store::StoreError;
 
-use crate::store::sql::{LOCK_WAIT, Text, failed};
+use crate::store::sql::{LOCK_WAIT, Text, failed, plan_once};
 
 /// The statements a connection keeps prepared: every shape a group writes (a
 /// handful per table, see `binding::chunk_len`), and the reads.
@@ -153,6 +153,7 @@ impl Direct {
                  PRAGMA cache_size = -8192; PRAGMA temp_store = MEMORY;",
             )
             .map_err(failed)?;
+        plan_once(&connection)?;
         // Replaces SQLite's own checkpoints (its default WAL hook checkpoints in the
         // committing connection every 1,000 pages).
         connection.wal_hook(Some(note_wal_pages));

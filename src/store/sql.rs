@@ -133,6 +133,50 @@ impl Readers {
         // A page cache of 8 MiB: what is read was just written (the operating
         // system's cache has it); `query_only`: this connection never writes.
         connection.execute_batch("PRAGMA cache_size = -8192; PRAGMA query_only = ON;").map_err(failed)?;
+        plan_once(&connection)?;
         Ok(connection)
+    }
+}
+
+/// Plans each cached statement once, whatever the values later bound to it. The
+/// bundled SQLite is built with `STAT4`, under which a statement comparing a
+/// column to a bound value (`last_seq > ?`) is planned again at each new binding:
+/// the events read of every stream paid a full parse. The query planner
+/// stability guarantee (QPSG) keeps the first plan; the store gathers no
+/// statistics (no `ANALYZE`) that a bound value could have chosen between.
+pub(super) fn plan_once(connection: &Connection) -> Result<(), StoreError> {
+    connection.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true).map_err(failed)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// A cached read comparing a column to a bound value is planned once, not at
+    /// each new value (which costs a parse each time under `STAT4`).
+    #[test]
+    fn a_cached_statement_is_not_planned_again_for_new_values() {
+        let reprepares = |once: bool| {
+            let connection = Connection::open_in_memory().unwrap();
+            if once {
+                plan_once(&connection).unwrap();
+            }
+            connection.execute_batch("CREATE TABLE events (seq INTEGER PRIMARY KEY, body TEXT)").unwrap();
+            for seq in [3, 7, 12] {
+                let mut statement =
+                    connection.prepare_cached("SELECT body FROM events WHERE seq > ?1 ORDER BY seq LIMIT ?2").unwrap();
+                let rows: Vec<Option<String>> =
+                    statement.query_map((seq, 10), |row| row.get(0)).unwrap().map(Result::unwrap).collect();
+                assert!(rows.is_empty());
+            }
+            let statement =
+                connection.prepare_cached("SELECT body FROM events WHERE seq > ?1 ORDER BY seq LIMIT ?2").unwrap();
+            statement.get_status(rusqlite::StatementStatus::RePrepare)
+        };
+        assert!(reprepares(false) >= 2, "SQLite's default plans again at each binding");
+        assert_eq!(reprepares(true), 0);
     }
 }
