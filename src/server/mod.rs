@@ -26,6 +26,7 @@ mod auth;
 mod body;
 mod config;
 mod error;
+mod event_stream;
 mod forward;
 mod incidents;
 mod quota;

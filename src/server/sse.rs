@@ -6,14 +6,13 @@
 //! subscription does that), so it never slows the run. The stream ends after
 //! `run_end`, and at shutdown; one the server ends before `run_end` is logged.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::Extension;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::sse::{Event, KeepAlive, Sse};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
+use bytes::Bytes;
 use futures::stream::{self, BoxStream};
 use futures::{FutureExt, StreamExt};
 use serde::Deserialize;
@@ -23,6 +22,7 @@ use utoipa::IntoParams;
 
 use super::auth::Tenant;
 use super::error::ApiError;
+use super::event_stream::{self, Frames};
 use super::incidents::{self, ConnectionNote, StreamCut};
 use super::slots::StreamSlot;
 use super::state::{AppState, owned_run};
@@ -95,7 +95,7 @@ pub async fn run_events(
     // (and not sent) too.
     let from = if block.is_some() { 0 } else { after };
     let events = state.inner.runtime.subscribe(run.run_id, from);
-    let keep_alive = KeepAlive::new().interval(state.inner.timing.sse_keep_alive);
+    let keep_alive = state.inner.timing.sse_keep_alive;
     let open = OpenStream {
         state: state.clone(),
         tenant,
@@ -105,7 +105,9 @@ pub async fn run_events(
         block,
         pending: None,
     };
-    Ok(Sse::new(frames(events, open).flat_map(stream::iter)).keep_alive(keep_alive).into_response())
+    // A batch of resumed events that changed nothing sends nothing.
+    let frames = frames(events, open).filter(|frame| std::future::ready(!frame.is_empty()));
+    Ok(event_stream::response(frames, keep_alive))
 }
 
 /// An event stream being served: what its end is logged with.
@@ -147,8 +149,8 @@ impl BlockView {
     /// answer's growth alone is in the events) or none was sent yet, as soon as
     /// the run's events up to `after` are applied (so a resumed client gets the
     /// block even if no event follows).
-    fn frames(&mut self, batch: &[Arc<RunEvent>]) -> Vec<Result<Event, Infallible>> {
-        let mut frames = Vec::with_capacity(batch.len() + 1);
+    fn frames(&mut self, batch: &[Arc<RunEvent>]) -> Frames {
+        let mut frames = Frames::new();
         for event in batch {
             let change = self.block.apply(event);
             let resumed = event.seq <= self.after;
@@ -156,7 +158,7 @@ impl BlockView {
                 self.dirty = true;
             }
             if !resumed {
-                frames.push(Ok(frame(event)));
+                frames.push(Some(&event.seq), event.kind.name(), event);
             }
         }
         if self.block.seq >= self.after && (self.dirty || !self.sent) {
@@ -164,7 +166,7 @@ impl BlockView {
             if let Some(object) = value.as_object_mut() {
                 object.insert("server_time".into(), serde_json::json!(crate::reasoning::now_text()));
             }
-            frames.push(Ok(Event::default().event(BLOCK).data(value.to_string())));
+            frames.push(None, BLOCK, &value);
             self.dirty = false;
             self.sent = true;
         }
@@ -201,13 +203,13 @@ impl OpenStream {
 }
 
 /// SSE frames of a subscription, until `run_end` or shutdown, in batches (an
-/// event and its block). A store failure mid-stream sends one `stream_error`
+/// event and its block, in one frame). A store failure mid-stream sends one `stream_error`
 /// event (no id: it is not a run event) and ends the stream; the client
 /// reconnects with its last id.
 fn frames(
     events: BoxStream<'static, Result<Arc<RunEvent>, StoreError>>,
     open: OpenStream,
-) -> impl futures::Stream<Item = Vec<Result<Event, Infallible>>> + Send + 'static {
+) -> impl futures::Stream<Item = Bytes> + Send + 'static {
     stream::unfold((events, open), |(mut events, mut open)| async move {
         open.slot.as_ref()?;
         let shutdown = open.state.inner.shutdown.clone();
@@ -233,9 +235,9 @@ fn frames(
                         let (batch, pending) = ready_batch(event, &mut events);
                         open.pending = pending;
                         let last = batch.iter().rev().find(|event| event.seq > block.after).cloned();
-                        (block.frames(&batch), last)
+                        (block.frames(&batch).into_bytes(), last)
                     }
-                    None => (vec![Ok(frame(&event))], Some(event)),
+                    None => (frame(&event), Some(event)),
                 };
                 if let Some(last) = last {
                     open.sent = Some(matches!(last.kind, EventKind::RunEnd { .. }));
@@ -245,7 +247,7 @@ fn frames(
             Some(Err(error)) => {
                 open.cut(StreamCut::StoreFailed, Some(&error.to_string()));
                 let data = serde_json::json!({"code": "store_error", "message": "reading the run's events failed; reconnect with Last-Event-ID"});
-                Some((vec![Ok(Event::default().event(STREAM_ERROR).data(data.to_string()))], (events, open)))
+                Some((event_stream::frame(None, STREAM_ERROR, &data), (events, open)))
             }
             None => {
                 // A subscription ends after `run_end`; one that ends after other
@@ -266,17 +268,8 @@ pub const STREAM_ERROR: &str = "stream_error";
 /// The SSE event name of a reasoning block frame (`view=block`).
 pub const BLOCK: &str = "block";
 
-fn frame(event: &RunEvent) -> Event {
-    frame_with_id(event, event.seq.to_string())
-}
-
-/// The SSE event of `event`, with `id` as its id.
-fn frame_with_id(event: &RunEvent, id: String) -> Event {
-    let data = serde_json::to_string(event).unwrap_or_else(|error| {
-        // Events are plain data; this cannot fail, but a frame must not panic.
-        serde_json::json!({"seq": event.seq, "kind": "error", "message": error.to_string()}).to_string()
-    });
-    Event::default().id(id).event(event.kind.name()).data(data)
+fn frame(event: &RunEvent) -> Bytes {
+    event_stream::frame(Some(&event.seq), event.kind.name(), event)
 }
 
 /// Where a thread stream resumes: `RUN_ID:SEQ`, the id of the last event received.
@@ -328,7 +321,7 @@ pub async fn thread_events(
             .retry_after(state.inner.config.retry_after));
     };
     let events = state.inner.runtime.subscribe_thread(thread.thread_id, after);
-    let keep_alive = KeepAlive::new().interval(state.inner.timing.sse_keep_alive);
+    let keep_alive = state.inner.timing.sse_keep_alive;
     let shutdown = state.inner.shutdown.clone();
     let frames = stream::unfold((events, Some(slot)), move |(mut events, slot)| {
         let shutdown = shutdown.clone();
@@ -341,17 +334,17 @@ pub async fn thread_events(
             };
             Some(match next {
                 Ok(event) => {
-                    let id = format!("{}:{}", event.run_id, event.seq);
-                    (Ok::<_, Infallible>(frame_with_id(&event, id)), (events, slot))
+                    let id = format_args!("{}:{}", event.run_id, event.seq);
+                    (event_stream::frame(Some(&id), event.kind.name(), &*event), (events, slot))
                 }
                 Err(_) => {
                     let data = serde_json::json!({"code": "store_error", "message": "reading the thread's events failed; reconnect with Last-Event-ID"});
-                    (Ok(Event::default().event(STREAM_ERROR).data(data.to_string())), (events, None))
+                    (event_stream::frame(None, STREAM_ERROR, &data), (events, None))
                 }
             })
         }
     });
-    Ok(Sse::new(frames).keep_alive(keep_alive).into_response())
+    Ok(event_stream::response(frames, keep_alive))
 }
 
 /// A thread event's id (`RUN_ID:SEQ`) as a run and a seq.

@@ -1,0 +1,151 @@
+//! Server-Sent Events on the wire: each event encoded once, straight into the
+//! bytes sent (its JSON written into the frame, no intermediate string), and the
+//! response body that sends frames as they come with a keep-alive comment
+//! (`:`) whenever none went out for the keep-alive interval.
+
+use std::convert::Infallible;
+use std::fmt::Display;
+use std::io::Write as _;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use serde::Serialize;
+use tokio::time::{Instant, Sleep};
+
+/// Bytes reserved for a frame: most events are 100 to 500 bytes of JSON.
+const FRAME_CAPACITY: usize = 512;
+
+/// SSE frames being written into one buffer (one or more events).
+#[derive(Default)]
+pub struct Frames(Vec<u8>);
+
+impl Frames {
+    pub fn new() -> Self {
+        Self(Vec::with_capacity(FRAME_CAPACITY))
+    }
+
+    /// Appends an event: `id: ID` (if any), `event: NAME` and
+    /// `data` as one line of JSON. JSON has no raw line breaks (it escapes them),
+    /// so the data is one `data:` field, as the event's JSON, byte for byte.
+    pub fn push(&mut self, id: Option<&dyn Display>, name: &str, data: &impl Serialize) {
+        let start = self.0.len();
+        if let Some(id) = id {
+            let _ = writeln!(self.0, "id: {id}");
+        }
+        self.0.extend_from_slice(b"event: ");
+        self.0.extend_from_slice(name.as_bytes());
+        self.0.extend_from_slice(b"\ndata: ");
+        if let Err(error) = serde_json::to_writer(&mut self.0, data) {
+            // Events are plain data; this cannot fail, but a frame must be whole.
+            self.0.truncate(start);
+            let data = serde_json::json!({"code": "encode_error", "message": error.to_string()});
+            self.0.extend_from_slice(b"event: stream_error\ndata: ");
+            let _ = write!(self.0, "{data}");
+        }
+        self.0.extend_from_slice(b"\n\n");
+    }
+
+    pub fn into_bytes(self) -> Bytes {
+        Bytes::from(self.0)
+    }
+}
+
+/// One frame of one event (see [`Frames::push`]).
+pub fn frame(id: Option<&dyn Display>, name: &str, data: &impl Serialize) -> Bytes {
+    let mut frames = Frames::new();
+    frames.push(id, name, data);
+    frames.into_bytes()
+}
+
+/// The `text/event-stream` response of `frames`, with a keep-alive comment
+/// after each `interval` without a frame.
+pub fn response(frames: impl Stream<Item = Bytes> + Send + 'static, interval: Duration) -> Response {
+    let body = KeepAlive {
+        frames: frames.boxed(),
+        timer: Box::pin(tokio::time::sleep(interval)),
+        interval,
+        last: Instant::now(),
+    };
+    ([(header::CONTENT_TYPE, "text/event-stream"), (header::CACHE_CONTROL, "no-cache")], Body::from_stream(body))
+        .into_response()
+}
+
+/// Frames, and a keep-alive comment when none went out for `interval`. The time
+/// of the last frame is noted as it goes; the timer is moved only when it fires
+/// (not at every frame).
+struct KeepAlive {
+    frames: futures::stream::BoxStream<'static, Bytes>,
+    timer: Pin<Box<Sleep>>,
+    interval: Duration,
+    last: Instant,
+}
+
+impl Stream for KeepAlive {
+    type Item = Result<Bytes, Infallible>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        match self.frames.poll_next_unpin(cx) {
+            Poll::Ready(Some(frame)) => {
+                self.last = Instant::now();
+                return Poll::Ready(Some(Ok(frame)));
+            }
+            Poll::Ready(None) => return Poll::Ready(None),
+            Poll::Pending => {}
+        }
+        loop {
+            ready!(self.timer.as_mut().poll(cx));
+            let now = Instant::now();
+            let due = self.last + self.interval;
+            if due <= now {
+                self.last = now;
+                let next = now + self.interval;
+                self.timer.as_mut().reset(next);
+                return Poll::Ready(Some(Ok(Bytes::from_static(b":\n\n"))));
+            }
+            self.timer.as_mut().reset(due);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_event_is_id_name_and_one_line_of_json() {
+        let bytes = frame(Some(&7u64), "assistant_delta", &serde_json::json!({"text": "two\nlines\r"}));
+        assert_eq!(&bytes[..], b"id: 7\nevent: assistant_delta\ndata: {\"text\":\"two\\nlines\\r\"}\n\n");
+        let mut frames = Frames::new();
+        frames.push(None, "block", &serde_json::json!({"a": 1}));
+        frames.push(None, "block", &serde_json::json!({"a": 2}));
+        assert_eq!(&frames.into_bytes()[..], b"event: block\ndata: {\"a\":1}\n\nevent: block\ndata: {\"a\":2}\n\n");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_keep_alive_goes_out_only_after_an_interval_without_frames() {
+        let (sender, receiver) = futures::channel::mpsc::unbounded::<Bytes>();
+        let interval = Duration::from_secs(15);
+        let mut body = KeepAlive {
+            frames: receiver.boxed(),
+            timer: Box::pin(tokio::time::sleep(interval)),
+            interval,
+            last: Instant::now(),
+        };
+        tokio::time::advance(Duration::from_secs(10)).await;
+        sender.unbounded_send(Bytes::from_static(b"event: a\n\n")).unwrap();
+        assert_eq!(body.next().await.unwrap().unwrap(), Bytes::from_static(b"event: a\n\n"));
+        // 15 s after the start, but 5 s after the frame: nothing yet.
+        let start = Instant::now();
+        assert_eq!(body.next().await.unwrap().unwrap(), Bytes::from_static(b":\n\n"));
+        assert_eq!(Instant::now() - start, interval, "the keep-alive came an interval after the frame");
+        assert_eq!(body.next().await.unwrap().unwrap(), Bytes::from_static(b":\n\n"));
+        drop(sender);
+        assert!(body.next().await.is_none(), "the body ends with its frames");
+    }
+}
