@@ -5,6 +5,9 @@
 //! with nothing else fails with `no_answer` instead of succeeding. So is a reply
 //! that only repeats the request (a small model echoes the question it read last).
 
+use std::sync::LazyLock;
+
+use memchr::memmem::Finder;
 use serde_json::Value;
 
 /// Runtime text a reply must not contain: it marks the runtime's own messages.
@@ -40,7 +43,11 @@ pub const AFTER_RESPONSE: &str = "Your reflection on your answer (not the user):
 /// Why `text` is not an answer: `"runtime text"` or `"a tool call written as
 /// text"`; `None` when it may be one.
 pub fn not_an_answer(text: &str) -> Option<&'static str> {
-    if RUNTIME_MARKERS.iter().any(|marker| text.contains(marker)) {
+    // The markers' searchers are built once (building one cost more than a
+    // search through a typical answer).
+    static FINDERS: LazyLock<Vec<Finder<'static>>> =
+        LazyLock::new(|| RUNTIME_MARKERS.iter().map(|marker| Finder::new(marker.as_bytes())).collect());
+    if FINDERS.iter().any(|finder| finder.find(text.as_bytes()).is_some()) {
         return Some("runtime text");
     }
     let call = text.contains("<tool_call>")
@@ -62,10 +69,16 @@ pub fn not_an_answer_to(request: &str, answer: &str) -> Option<&'static str> {
 /// Whether `answer` is the request again (words compared, case and punctuation
 /// aside): all of it with little else, or twice.
 fn repeats(request: &str, answer: &str) -> bool {
+    // Its words, lowercased, one space apart.
     let plain = |text: &str| -> String {
-        let kept: String =
-            text.chars().map(|c| if c.is_alphanumeric() { c.to_ascii_lowercase() } else { ' ' }).collect();
-        kept.split_whitespace().collect::<Vec<_>>().join(" ")
+        let mut words = String::with_capacity(text.len());
+        for word in text.split(|c: char| !c.is_alphanumeric()).filter(|word| !word.is_empty()) {
+            if !words.is_empty() {
+                words.push(' ');
+            }
+            words.extend(word.chars().map(|c| c.to_ascii_lowercase()));
+        }
+        words
     };
     let (request, answer) = (plain(request), plain(answer));
     if request.is_empty() || answer.is_empty() {
