@@ -329,6 +329,12 @@ pub trait RunStore: Send + Sync + 'static {
     /// The run's record.
     async fn get_run(&self, run_id: RunId) -> Result<Option<RunRecord>, StoreError>;
 
+    /// The run's tenant, if the run exists: what deciding whom a run belongs to
+    /// needs, without the rest of its record (a store may read less for it).
+    async fn run_tenant(&self, run_id: RunId) -> Result<Option<String>, StoreError> {
+        Ok(self.get_run(run_id).await?.map(|run| run.tenant))
+    }
+
     /// Everything needed to resume the run.
     async fn load(&self, run_id: RunId) -> Result<Option<RunSnapshot>, StoreError>;
 

@@ -25,7 +25,7 @@ use super::error::ApiError;
 use super::event_stream::{self, Frames};
 use super::incidents::{self, ConnectionNote, StreamCut};
 use super::slots::StreamSlot;
-use super::state::{AppState, owned_run};
+use super::state::{AppState, owned_run_id};
 use crate::reasoning::{Block, Change};
 
 /// Where to resume.
@@ -65,7 +65,7 @@ pub async fn run_events(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let Path(id) = path?;
-    let run = owned_run(&state, &tenant, &id).await?;
+    let run_id = owned_run_id(&state, &tenant, &id).await?;
     let Query(query) = query?;
     let after = match headers.get("last-event-id") {
         Some(value) => value
@@ -84,7 +84,7 @@ pub async fn run_events(
             .retry_after(state.inner.config.retry_after));
     };
     if let Some(Extension(note)) = note {
-        note.streams(&tenant, run.run_id);
+        note.streams(&tenant, run_id);
     }
     let block = match query.view.as_deref() {
         None => None,
@@ -94,17 +94,9 @@ pub async fn run_events(
     // The block is made from the whole run: its events before `after` are read
     // (and not sent) too.
     let from = if block.is_some() { 0 } else { after };
-    let events = state.inner.runtime.subscribe(run.run_id, from);
+    let events = state.inner.runtime.subscribe(run_id, from);
     let keep_alive = state.inner.timing.sse_keep_alive;
-    let open = OpenStream {
-        state: state.clone(),
-        tenant,
-        run_id: run.run_id,
-        slot: Some(slot),
-        sent: None,
-        block,
-        pending: None,
-    };
+    let open = OpenStream { state: state.clone(), tenant, run_id, slot: Some(slot), sent: None, block, pending: None };
     // A batch of resumed events that changed nothing sends nothing.
     let frames = frames(events, open).filter(|frame| std::future::ready(!frame.is_empty()));
     Ok(event_stream::response(frames, keep_alive))

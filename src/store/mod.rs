@@ -521,6 +521,19 @@ impl RunStore for SqlStore {
         }
     }
 
+    async fn run_tenant(&self, run_id: RunId) -> Result<Option<String>, StoreError> {
+        let id = run_id.to_string();
+        let sql = "SELECT tenant FROM runs WHERE run_id = $1";
+        match &self.pool {
+            Pool::Sqlite(_, readers) => readers.read(|connection| {
+                let mut statement = connection.prepare_cached(sql)?;
+                let mut rows = statement.query(rusqlite::named_params! {"$1": id})?;
+                rows.next()?.map(|row| row.get(0)).transpose()
+            }),
+            Pool::Postgres(pool) => sqlx::query_scalar(sql).bind(&id).fetch_optional(pool).await.map_err(backend),
+        }
+    }
+
     async fn load(&self, run_id: RunId) -> Result<Option<RunSnapshot>, StoreError> {
         let id = run_id.to_string();
         with_pool!(self, |pool, postgres| {

@@ -519,6 +519,11 @@ impl Runtime {
         self.shared.store.get_run(run_id).await
     }
 
+    /// The tenant of a stored run.
+    pub async fn tenant_of(&self, run_id: RunId) -> Result<Option<String>, StoreError> {
+        self.shared.store.run_tenant(run_id).await
+    }
+
     /// Answers a run parked on `ask_user` (`RunInput::Text`) or decides on a call
     /// waiting for approval (`RunInput::Approval`).
     pub async fn input(&self, run_id: RunId, input: impl Into<RunInput>) -> Result<(), InputError> {
