@@ -17,6 +17,7 @@ use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use serde::Serialize;
 use tokio::time::{Instant, Sleep};
+use troupe_actors::protocol::RunEvent;
 
 /// Bytes reserved for a frame: most events are 100 to 500 bytes of JSON.
 const FRAME_CAPACITY: usize = 512;
@@ -51,6 +52,20 @@ impl Frames {
         self.0.extend_from_slice(b"\n\n");
     }
 
+    /// Appends a run event with `id`: its kind as the name, and its JSON (written
+    /// by hand, as serde writes it) as the data.
+    pub fn push_event(&mut self, id: &dyn Display, event: &RunEvent) {
+        let start = self.0.len();
+        let _ = write!(self.0, "id: {id}\nevent: {}\ndata: ", event.kind.name());
+        if crate::store::event_json(&mut self.0, event).is_err() {
+            // The generic path, which says why.
+            self.0.truncate(start);
+            self.push(Some(id), event.kind.name(), event);
+            return;
+        }
+        self.0.extend_from_slice(b"\n\n");
+    }
+
     pub fn into_bytes(self) -> Bytes {
         Bytes::from(self.0)
     }
@@ -60,6 +75,13 @@ impl Frames {
 pub fn frame(id: Option<&dyn Display>, name: &str, data: &impl Serialize) -> Bytes {
     let mut frames = Frames::new();
     frames.push(id, name, data);
+    frames.into_bytes()
+}
+
+/// One frame of one run event (see [`Frames::push_event`]).
+pub fn event_frame(id: &dyn Display, event: &RunEvent) -> Bytes {
+    let mut frames = Frames::new();
+    frames.push_event(id, event);
     frames.into_bytes()
 }
 
@@ -125,6 +147,23 @@ mod tests {
         frames.push(None, "block", &serde_json::json!({"a": 1}));
         frames.push(None, "block", &serde_json::json!({"a": 2}));
         assert_eq!(&frames.into_bytes()[..], b"event: block\ndata: {\"a\":1}\n\nevent: block\ndata: {\"a\":2}\n\n");
+    }
+
+    #[test]
+    fn a_run_event_frame_carries_the_event_as_serde_writes_it() {
+        use troupe_actors::protocol::{EventKind, RunId};
+        let event = RunEvent {
+            run_id: RunId::new(),
+            seq: 3,
+            ts: chrono::Utc::now(),
+            parent_run_id: Some(RunId::new()),
+            kind: EventKind::AssistantDelta { turn: 1, text: "say \"hi\"\n".into(), reasoning: true },
+        };
+        let json = serde_json::to_string(&event).unwrap();
+        assert_eq!(event_frame(&event.seq, &event), format!("id: 3\nevent: assistant_delta\ndata: {json}\n\n"));
+        let id = format_args!("{}:{}", event.run_id, event.seq);
+        let thread = event_frame(&id, &event);
+        assert!(thread.starts_with(format!("id: {}:3\n", event.run_id).as_bytes()));
     }
 
     #[tokio::test(start_paused = true)]

@@ -150,7 +150,7 @@ impl BlockView {
                 self.dirty = true;
             }
             if !resumed {
-                frames.push(Some(&event.seq), event.kind.name(), event);
+                frames.push_event(&event.seq, event);
             }
         }
         if self.block.seq >= self.after && (self.dirty || !self.sent) {
@@ -261,7 +261,7 @@ pub const STREAM_ERROR: &str = "stream_error";
 pub const BLOCK: &str = "block";
 
 fn frame(event: &RunEvent) -> Bytes {
-    event_stream::frame(Some(&event.seq), event.kind.name(), event)
+    event_stream::event_frame(&event.seq, event)
 }
 
 /// Where a thread stream resumes: `RUN_ID:SEQ`, the id of the last event received.
@@ -327,7 +327,7 @@ pub async fn thread_events(
             Some(match next {
                 Ok(event) => {
                     let id = format_args!("{}:{}", event.run_id, event.seq);
-                    (event_stream::frame(Some(&id), event.kind.name(), &*event), (events, slot))
+                    (event_stream::event_frame(&id, &event), (events, slot))
                 }
                 Err(_) => {
                     let data = serde_json::json!({"code": "store_error", "message": "reading the thread's events failed; reconnect with Last-Event-ID"});

@@ -59,24 +59,38 @@ pub(super) fn event_batch<'a>(
         if index > 0 {
             body.push(b',');
         }
-        push_event(&mut body, event, &embedded)?;
+        push_event(&mut body, event, false, &embedded)?;
     }
     body.push(b']');
     utf8(body)
 }
 
-/// Appends `event` as JSON, as `serde_json::to_string(event)` writes it without
-/// its `run_id` member, with its ids and time written by hand. `RunEvent` flattens
+/// Appends `event` as JSON exactly as `serde_json::to_writer` writes it (what an
+/// event stream sends), its ids and time written by hand.
+pub(crate) fn event_json(out: &mut Vec<u8>, event: &RunEvent) -> Result<(), StoreError> {
+    push_event(out, event, true, |_| None)
+}
+
+/// Appends `event` as JSON, as `serde_json::to_string(event)` writes it, without
+/// its `run_id` member unless `with_run`, with its ids and time written by hand.
+/// `RunEvent` flattens
 /// its kind after its own fields, so its JSON is those fields followed by the
 /// members of the kind's own JSON object (internally tagged, so never empty): the
 /// kind is written after them and its opening brace becomes the separating comma.
 fn push_event<'a>(
     body: &mut Vec<u8>,
     event: &RunEvent,
+    with_run: bool,
     embedded: impl Fn(&EventKind) -> Option<&'a str>,
 ) -> Result<(), StoreError> {
-    let mut head = String::with_capacity(96);
-    head.push_str("{\"seq\":");
+    let mut head = String::with_capacity(144);
+    head.push('{');
+    if with_run {
+        head.push_str("\"run_id\":\"");
+        head.push_str(event.run_id.0.hyphenated().encode_lower(&mut uuid::Uuid::encode_buffer()));
+        head.push_str("\",");
+    }
+    head.push_str("\"seq\":");
     head.push_str(itoa(event.seq, &mut [0; 20]));
     head.push_str(",\"ts\":\"");
     push_time(&mut head, event.ts, Fraction::Auto);
@@ -206,6 +220,9 @@ mod tests {
                     let one = std::slice::from_ref(&event);
                     let written = event_batch(one, |_| None).unwrap();
                     assert_eq!(written, without_runs(one));
+                    let mut whole = Vec::new();
+                    event_json(&mut whole, &event).unwrap();
+                    assert_eq!(String::from_utf8(whole).unwrap(), serde_json::to_string(&event).unwrap());
                     assert_eq!(read_batch(&written, event.run_id).unwrap(), one, "read back with its run");
                     assert_eq!(*run_id(event.run_id), *event.run_id.to_string());
                     all.push(event);

@@ -68,6 +68,7 @@ mod binding;
 pub mod cluster;
 mod direct;
 mod encode;
+pub(crate) use encode::event_json;
 mod group;
 mod read;
 pub mod retention;

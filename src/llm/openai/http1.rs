@@ -483,7 +483,7 @@ fn take(buffer: &mut BytesMut, rest: &mut u64) -> Option<Bytes> {
 
 /// A CRLF-ended line off the front of `buffer`, without its CRLF.
 fn line(buffer: &mut BytesMut) -> io::Result<Option<Bytes>> {
-    match buffer.windows(2).position(|pair| pair == b"\r\n") {
+    match memchr::memmem::find(buffer, b"\r\n") {
         Some(end) => {
             let line = buffer.split_to(end).freeze();
             buffer.advance(2);

@@ -595,7 +595,7 @@ fn fold_chunk(
     // report an error (an `error` key, `"object": "error"`: the quoted word
     // appears nowhere else, as text in JSON escapes its quotes), or is of another
     // shape, is read as a whole.
-    let typed = if payload.windows(7).any(|window| window == b"\"error\"") {
+    let typed = if memchr::memmem::find(payload, b"\"error\"").is_some() {
         None
     } else {
         serde_json::from_slice::<StreamChunk<'_>>(payload).ok()

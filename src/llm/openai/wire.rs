@@ -534,7 +534,7 @@ pub fn event_payloads(events: &[u8]) -> impl Iterator<Item = Cow<'_, [u8]>> {
 /// from `from` on: the bytes before it were searched already.
 pub fn last_event_end(buffer: &[u8], from: usize) -> Option<usize> {
     let from = from.saturating_sub(1).min(buffer.len());
-    buffer[from..].windows(2).rposition(|pair| pair == b"\n\n").map(|at| from + at + 2)
+    memchr::memmem::rfind(&buffer[from..], b"\n\n").map(|at| from + at + 2)
 }
 
 #[cfg(test)]
