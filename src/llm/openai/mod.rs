@@ -108,9 +108,12 @@ enum Transport {
 
 impl Provider {
     /// Builds the provider's HTTP client: the lean one for a plain-HTTP base URL,
-    /// reqwest for HTTPS.
+    /// reqwest for HTTPS (and a URL with credentials).
     pub fn new(settings: ProviderSettings) -> Result<Arc<Self>, ModelError> {
-        let url = reqwest::Url::parse(&chat_url(&settings.base_url)).ok().filter(|url| url.scheme() == "http");
+        // Credentials in the URL (Basic auth) are reqwest's to send.
+        let url = reqwest::Url::parse(&chat_url(&settings.base_url))
+            .ok()
+            .filter(|url| url.scheme() == "http" && url.username().is_empty() && url.password().is_none());
         match url {
             Some(url) => {
                 let key = settings.api_key.as_ref().map(|Secret(key)| format!("Bearer {key}"));
