@@ -119,7 +119,9 @@ impl ToolOutcome {
     pub fn to_model_text(&self) -> String {
         match self {
             Self::Ok { value: Value::String(text), .. } => text.clone(),
-            Self::Ok { value, .. } => value.to_string(),
+            // The same text as `value.to_string()`, written into a buffer directly
+            // rather than through a formatter.
+            Self::Ok { value, .. } => serde_json::to_string(value).unwrap_or_default(),
             Self::Failed { code, message } => format!("error ({code}): {message}"),
             Self::Skipped { reason, detail } => format!("skipped ({}): {detail}", reason.as_str()),
             Self::Interrupted => {
