@@ -3,10 +3,12 @@
 //! response body that sends frames as they come with a keep-alive comment
 //! (`:`) whenever none went out for the keep-alive interval.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::fmt::Display;
 use std::io::Write as _;
 use std::pin::Pin;
+use std::sync::{Arc, LazyLock, Mutex, Weak};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -18,6 +20,7 @@ use futures::{Stream, StreamExt};
 use serde::Serialize;
 use tokio::time::{Instant, Sleep};
 use troupe_actors::protocol::RunEvent;
+use troupe_actors::store::StoreError;
 
 /// Bytes reserved for a frame: most events are 100 to 500 bytes of JSON.
 const FRAME_CAPACITY: usize = 512;
@@ -53,11 +56,16 @@ impl Frames {
     }
 
     /// Appends a run event with `id`: its kind as the name, and its JSON (written
-    /// by hand, as serde writes it) as the data.
-    pub fn push_event(&mut self, id: &dyn Display, event: &RunEvent) {
+    /// by hand, as serde writes it) as the data, encoded once for every stream
+    /// that sends this event ([`shared_json`]).
+    pub fn push_event(&mut self, id: &dyn Display, event: &Arc<RunEvent>) {
         let start = self.0.len();
         let _ = write!(self.0, "id: {id}\nevent: {}\ndata: ", event.kind.name());
-        if crate::store::event_json(&mut self.0, event).is_err() {
+        let encoded = match shared_json(event) {
+            Some(json) => json.map(|json| self.0.extend_from_slice(&json)),
+            None => crate::store::event_json(&mut self.0, event),
+        };
+        if encoded.is_err() {
             // The generic path, which says why.
             self.0.truncate(start);
             self.push(Some(id), event.kind.name(), event);
@@ -79,10 +87,51 @@ pub fn frame(id: Option<&dyn Display>, name: &str, data: &impl Serialize) -> Byt
 }
 
 /// One frame of one run event (see [`Frames::push_event`]).
-pub fn event_frame(id: &dyn Display, event: &RunEvent) -> Bytes {
+pub fn event_frame(id: &dyn Display, event: &Arc<RunEvent>) -> Bytes {
     let mut frames = Frames::new();
     frames.push_event(id, event);
     frames.into_bytes()
+}
+
+/// The JSON of events that more than one stream sends (the subscribers of one
+/// run, a run's stream and its thread's), by the address of the event they share:
+/// the first stream encodes it, the others copy it. An entry holds its event
+/// weakly, which keeps the address from being reused while the entry lives;
+/// entries of events no stream holds any more are swept as the table grows.
+struct SharedJson {
+    entries: HashMap<usize, (Weak<RunEvent>, Arc<[u8]>)>,
+    /// The size at which the next sweep runs.
+    sweep_at: usize,
+}
+
+static SHARED_JSON: LazyLock<Mutex<SharedJson>> =
+    LazyLock::new(|| Mutex::new(SharedJson { entries: HashMap::new(), sweep_at: 64 }));
+
+/// The JSON of `event` if another holder may send it too, encoded once for all;
+/// `None` for an event only this stream holds (most: a live event reaches one
+/// subscriber, and the channel lets go of it once every subscriber has it), which
+/// costs no lock.
+fn shared_json(event: &Arc<RunEvent>) -> Option<Result<Arc<[u8]>, StoreError>> {
+    if Arc::strong_count(event) == 1 && Arc::weak_count(event) == 0 {
+        return None;
+    }
+    let key = Arc::as_ptr(event) as usize;
+    let lock = || SHARED_JSON.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((_, json)) = lock().entries.get(&key) {
+        return Some(Ok(json.clone()));
+    }
+    let mut json = Vec::with_capacity(FRAME_CAPACITY);
+    if let Err(error) = crate::store::event_json(&mut json, event) {
+        return Some(Err(error));
+    }
+    let json: Arc<[u8]> = json.into();
+    let mut shared = lock();
+    if shared.entries.len() >= shared.sweep_at {
+        shared.entries.retain(|_, (held, _)| held.strong_count() > 0);
+        shared.sweep_at = (shared.entries.len() * 2).max(64);
+    }
+    shared.entries.insert(key, (Arc::downgrade(event), json.clone()));
+    Some(Ok(json))
 }
 
 /// The `text/event-stream` response of `frames`, with a keep-alive comment
@@ -160,10 +209,34 @@ mod tests {
             kind: EventKind::AssistantDelta { turn: 1, text: "say \"hi\"\n".into(), reasoning: true },
         };
         let json = serde_json::to_string(&event).unwrap();
+        let event = Arc::new(event);
         assert_eq!(event_frame(&event.seq, &event), format!("id: 3\nevent: assistant_delta\ndata: {json}\n\n"));
         let id = format_args!("{}:{}", event.run_id, event.seq);
         let thread = event_frame(&id, &event);
         assert!(thread.starts_with(format!("id: {}:3\n", event.run_id).as_bytes()));
+    }
+
+    #[test]
+    fn an_event_two_streams_send_is_encoded_once() {
+        use troupe_actors::protocol::{EventKind, RunId};
+        let event = Arc::new(RunEvent {
+            run_id: RunId::new(),
+            seq: 1,
+            ts: chrono::Utc::now(),
+            parent_run_id: None,
+            kind: EventKind::TurnStart { turn: 1 },
+        });
+        assert!(shared_json(&event).is_none(), "an event one stream holds is encoded in place");
+        let other_stream = event.clone();
+        let first = shared_json(&event).unwrap().unwrap();
+        let second = shared_json(&other_stream).unwrap().unwrap();
+        assert!(Arc::ptr_eq(&first, &second), "the second stream copies the first's encoding");
+        assert_eq!(&first[..], serde_json::to_string(&*event).unwrap().as_bytes());
+        drop(other_stream);
+        let late = shared_json(&event).unwrap().unwrap();
+        assert!(Arc::ptr_eq(&first, &late), "still shared while the event is held");
+        let frame = event_frame(&1u64, &event);
+        assert!(frame.ends_with(&[&first[..], b"\n\n"].concat()));
     }
 
     #[tokio::test(start_paused = true)]

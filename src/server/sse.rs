@@ -226,8 +226,10 @@ fn frames(
                     Some(block) => {
                         let (batch, pending) = ready_batch(event, &mut events);
                         open.pending = pending;
+                        // Framed first: an event held once is encoded in place.
+                        let frames = block.frames(&batch).into_bytes();
                         let last = batch.iter().rev().find(|event| event.seq > block.after).cloned();
-                        (block.frames(&batch).into_bytes(), last)
+                        (frames, last)
                     }
                     None => (frame(&event), Some(event)),
                 };
@@ -260,7 +262,7 @@ pub const STREAM_ERROR: &str = "stream_error";
 /// The SSE event name of a reasoning block frame (`view=block`).
 pub const BLOCK: &str = "block";
 
-fn frame(event: &RunEvent) -> Bytes {
+fn frame(event: &Arc<RunEvent>) -> Bytes {
     event_stream::event_frame(&event.seq, event)
 }
 

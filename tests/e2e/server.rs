@@ -244,6 +244,21 @@ async fn a_posted_run_streams_every_event_in_order_to_run_end() {
     assert_eq!(run.body["final_output"], "All done.");
 }
 
+/// Two clients following one run (a chat page and a CLI, say) each get the
+/// whole stream, the same bytes of each event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_clients_following_one_run_get_the_same_stream() {
+    let server = TestServer::default().await;
+    let id = server.create(ALPHA, "say hi").await;
+    let (first, second) = tokio::join!(async { server.events(ALPHA, &id, None).await.rest().await }, async {
+        server.events(ALPHA, &id, None).await.rest().await
+    });
+    assert_eq!(first, second);
+    assert_eq!(first.last().map(|(_, name, _)| name.as_str()), Some("run_end"));
+    let ids: Vec<u64> = first.iter().map(|(id, _, _)| *id).collect();
+    assert_eq!(ids, (1..=first.len() as u64).collect::<Vec<_>>());
+}
+
 /// A run is deleted only once it has ended, and then it is gone: its record, its
 /// events and its place in the listing; the other runs stay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
