@@ -148,15 +148,6 @@ pub fn trace_id(span: &Span) -> Option<String> {
     span_context.is_valid().then(|| span_context.trace_id().to_string())
 }
 
-/// Adds the current span's `traceparent` to `headers` (an outgoing request).
-pub fn inject(headers: &mut reqwest::header::HeaderMap) {
-    if let Some(value) = traceparent_of(&Span::current())
-        && let Ok(value) = reqwest::header::HeaderValue::from_str(&value)
-    {
-        headers.insert("traceparent", value);
-    }
-}
-
 /// Makes `span` (a request's server span) the child of the request's
 /// `traceparent`, if it sends a valid one.
 pub fn adopt_request(span: &Span, headers: &axum::http::HeaderMap) {

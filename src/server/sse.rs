@@ -195,9 +195,9 @@ impl OpenStream {
 }
 
 /// SSE frames of a subscription, until `run_end` or shutdown, in batches (an
-/// event and its block, in one frame). A store failure mid-stream sends one `stream_error`
-/// event (no id: it is not a run event) and ends the stream; the client
-/// reconnects with its last id.
+/// event and its block, in one frame). A store failure mid-stream sends one
+/// `stream_error` event (no id: it is not a run event) and ends the stream; the
+/// client reconnects with its last id.
 fn frames(
     events: BoxStream<'static, Result<Arc<RunEvent>, StoreError>>,
     open: OpenStream,

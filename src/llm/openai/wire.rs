@@ -261,12 +261,6 @@ impl Accumulator {
         self.content.len() + self.reasoning + calls.sum::<usize>()
     }
 
-    /// Folds one streamed chunk in; returns the deltas to show as they come (their
-    /// text moved out of `chunk`).
-    pub fn push_chunk(&mut self, chunk: Value) -> Vec<ModelDelta> {
-        self.push(StreamChunk::from_value(chunk))
-    }
-
     /// Folds one streamed chunk in, as read by [`StreamChunk`]; returns the
     /// deltas to show as they come.
     pub fn push(&mut self, chunk: StreamChunk<'_>) -> Vec<ModelDelta> {
@@ -543,6 +537,11 @@ mod tests {
 
     use super::*;
 
+    /// Folds a chunk read leniently from a `Value` (as one of another shape is).
+    fn push_value(accumulator: &mut Accumulator, chunk: Value) -> Vec<ModelDelta> {
+        accumulator.push(StreamChunk::from_value(chunk))
+    }
+
     #[test]
     fn split_tool_calls_are_assembled_by_index() {
         let mut accumulator = Accumulator::default();
@@ -554,7 +553,7 @@ mod tests {
             json!({"choices": [], "usage": {"prompt_tokens": 1000000, "completion_tokens": 500000}}),
         ];
         for chunk in chunks {
-            accumulator.push_chunk(chunk);
+            push_value(&mut accumulator, chunk);
         }
         assert!(accumulator.finished);
         let reply = accumulator.finish(&[], (2.0, 8.0), "c");
@@ -574,7 +573,7 @@ mod tests {
             json!({"choices": [{"delta": {"tool_calls": [{"id": "c1", "function": {"name": "search", "arguments": ": 1}"}}]}}]}),
             json!({"choices": [{"delta": {"tool_calls": [{"function": {"arguments": ""}}]}, "finish_reason": "tool_calls"}]}),
         ] {
-            accumulator.push_chunk(chunk);
+            push_value(&mut accumulator, chunk);
         }
         let reply = accumulator.finish(&[], (0.0, 0.0), "c");
         assert_eq!(
@@ -587,7 +586,7 @@ mod tests {
     fn no_recovery_from_text_when_no_tool_is_offered() {
         let mut accumulator = Accumulator::default();
         let text = "The format is <tool_call>{\"name\": \"search\"}</tool_call>.";
-        accumulator.push_chunk(json!({"choices": [{"delta": {"content": text}, "finish_reason": "stop"}]}));
+        push_value(&mut accumulator, json!({"choices": [{"delta": {"content": text}, "finish_reason": "stop"}]}));
         let reply = accumulator.finish(&[], (0.0, 0.0), "c");
         assert!(reply.tool_calls.is_empty());
         assert_eq!(reply.content, text);
@@ -718,8 +717,10 @@ mod tests {
     #[test]
     fn reasoning_counts_toward_the_reply_size_and_text_is_moved_not_copied() {
         let mut accumulator = Accumulator::default();
-        let deltas =
-            accumulator.push_chunk(json!({"choices": [{"delta": {"content": "abc", "reasoning_content": "12345"}}]}));
+        let deltas = push_value(
+            &mut accumulator,
+            json!({"choices": [{"delta": {"content": "abc", "reasoning_content": "12345"}}]}),
+        );
         assert_eq!(deltas, vec![ModelDelta::Text("abc".into()), ModelDelta::Reasoning("12345".into())]);
         assert_eq!(accumulator.size(), 8);
         let mut response = Accumulator::default();
@@ -741,7 +742,7 @@ mod tests {
         for chunk in chunks {
             let read: StreamChunk<'_> = serde_json::from_str(chunk).unwrap();
             let deltas = straight.push(read);
-            assert_eq!(deltas, valued.push_chunk(serde_json::from_str(chunk).unwrap()), "{chunk}");
+            assert_eq!(deltas, push_value(&mut valued, serde_json::from_str(chunk).unwrap()), "{chunk}");
         }
         assert!(straight.finished);
         let offered = ["search".to_owned()];
@@ -757,7 +758,7 @@ mod tests {
             r#"{"choices":[{"index":0,"delta":{"content":5,"reasoning":"r","tool_calls":[{"index":"0","id":"c2"}]}}]}"#;
         assert!(serde_json::from_str::<StreamChunk<'_>>(odd).is_err());
         let mut lenient = Accumulator::default();
-        let deltas = lenient.push_chunk(serde_json::from_str(odd).unwrap());
+        let deltas = push_value(&mut lenient, serde_json::from_str(odd).unwrap());
         assert_eq!(deltas, vec![ModelDelta::Reasoning("r".into())]);
         assert_eq!(lenient.calls.get(&0).map(|call| call.id.as_str()), Some("c2"));
     }
