@@ -129,6 +129,9 @@ struct Cursor {
     /// lag or a gap). Live events are not read back from the store.
     stale: bool,
     ended: bool,
+    /// The first batch, read before the stream started (see [`subscribe_owned`]):
+    /// the first refill takes it instead of reading the store.
+    prefetched: Option<Vec<RunEvent>>,
 }
 
 /// Every event of `run_id` after seq `after`, exactly once and in order: first
@@ -139,10 +142,31 @@ pub fn subscribe(
     run_id: RunId,
     after: u64,
 ) -> BoxStream<'static, Result<Arc<RunEvent>, StoreError>> {
-    // Subscribe before the first store read so nothing committed in between is missed.
-    let receiver = Some(hub.receiver(run_id));
-    let cursor =
-        Cursor { run_id, last: after, backlog: VecDeque::new(), receiver, store, hub, stale: true, ended: false };
+    stream_from(Cursor::new(hub, store, run_id, after))
+}
+
+/// [`subscribe`] for a reader who may follow only `tenant`'s runs: `None` unless
+/// the run exists and is `tenant`'s. Whose run it is and the first events come
+/// from one read of the store.
+pub async fn subscribe_owned(
+    hub: Arc<EventHub>,
+    store: Arc<dyn RunStore>,
+    run_id: RunId,
+    tenant: &str,
+    after: u64,
+) -> Result<Option<BoxStream<'static, Result<Arc<RunEvent>, StoreError>>>, StoreError> {
+    let mut cursor = Cursor::new(hub, store, run_id, after);
+    match cursor.store.tenant_and_events_after(run_id, after, REPLAY_BATCH).await? {
+        Some((owner, events)) if owner == tenant => {
+            cursor.prefetched = Some(events);
+            Ok(Some(stream_from(cursor)))
+        }
+        // The cursor, dropped, lets its channel go.
+        _ => Ok(None),
+    }
+}
+
+fn stream_from(cursor: Cursor) -> BoxStream<'static, Result<Arc<RunEvent>, StoreError>> {
     Box::pin(stream::unfold(cursor, |mut cursor| async move {
         match cursor.next().await {
             Ok(Some(event)) => Some((Ok(event), cursor)),
@@ -156,6 +180,14 @@ pub fn subscribe(
 }
 
 impl Cursor {
+    fn new(hub: Arc<EventHub>, store: Arc<dyn RunStore>, run_id: RunId, after: u64) -> Self {
+        // Subscribed before the first store read, so that nothing committed in
+        // between is missed.
+        let receiver = Some(hub.receiver(run_id));
+        let backlog = VecDeque::new();
+        Self { run_id, last: after, backlog, receiver, store, hub, stale: true, ended: false, prefetched: None }
+    }
+
     async fn next(&mut self) -> Result<Option<Arc<RunEvent>>, StoreError> {
         loop {
             if let Some(event) = self.backlog.pop_front() {
@@ -232,7 +264,10 @@ impl Cursor {
     /// Loads the next batch from the store: whether it held anything new, and
     /// whether it was full (the store may hold more).
     async fn refill(&mut self) -> Result<(bool, bool), StoreError> {
-        let batch = self.store.events_after(self.run_id, self.last, REPLAY_BATCH).await?;
+        let batch = match self.prefetched.take() {
+            Some(batch) => batch,
+            None => self.store.events_after(self.run_id, self.last, REPLAY_BATCH).await?,
+        };
         // Only events past the cursor count: a store that answered with older ones
         // must not make the cursor read again and again.
         let found = batch.iter().any(|event| event.seq > self.last);
@@ -374,6 +409,24 @@ mod tests {
     #[tokio::test]
     async fn a_run_that_ends_when_a_caught_up_subscriber_asks_is_streamed_to_its_end() {
         assert_eq!(streamed(false, 1).await, vec![2, 3], "the events committed with the end are not lost");
+    }
+
+    #[tokio::test]
+    async fn a_stream_of_a_run_of_another_tenant_or_of_no_run_is_refused_and_holds_no_channel() {
+        let run_id = RunId::new();
+        let record = RunRecord::accepted(run_id, "t".into(), "a".into(), "hi".into(), Limits::default(), Utc::now());
+        let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+        store.create_run(record, vec![event(run_id, 1, EventKind::TurnStart { turn: 1 })]).await.unwrap();
+        let hub = Arc::new(EventHub::new(16));
+        assert!(subscribe_owned(hub.clone(), store.clone(), run_id, "other", 0).await.unwrap().is_none());
+        assert!(subscribe_owned(hub.clone(), store.clone(), RunId::new(), "t", 0).await.unwrap().is_none());
+        assert!(hub.channels.is_empty(), "a refused stream leaves no channel behind");
+
+        let mut events = subscribe_owned(hub.clone(), store, run_id, "t", 0).await.unwrap().expect("the tenant's run");
+        assert_eq!(events.next().await.unwrap().unwrap().seq, 1, "first what the store has");
+        hub.publish(run_id, vec![event(run_id, 2, EventKind::RunEnd { status: RunStatus::Succeeded, reason: None })]);
+        assert_eq!(events.next().await.unwrap().unwrap().seq, 2, "then what is published");
+        assert!(events.next().await.is_none(), "the stream ends with the run");
     }
 
     #[tokio::test]

@@ -329,10 +329,22 @@ pub trait RunStore: Send + Sync + 'static {
     /// The run's record.
     async fn get_run(&self, run_id: RunId) -> Result<Option<RunRecord>, StoreError>;
 
-    /// The run's tenant, if the run exists: what deciding whom a run belongs to
-    /// needs, without the rest of its record (a store may read less for it).
-    async fn run_tenant(&self, run_id: RunId) -> Result<Option<String>, StoreError> {
-        Ok(self.get_run(run_id).await?.map(|run| run.tenant))
+    /// The run's tenant and up to `limit` of its events after `after` (as
+    /// [`events_after`](Self::events_after) gives them), or `None` if there is no
+    /// such run: what a stream of a run reads first, whose run it is and where it
+    /// starts (a store may read both at once).
+    async fn tenant_and_events_after(
+        &self,
+        run_id: RunId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Option<(String, Vec<RunEvent>)>, StoreError> {
+        let Some(run) = self.get_run(run_id).await? else { return Ok(None) };
+        match self.events_after(run_id, after, limit).await {
+            Ok(events) => Ok(Some((run.tenant, events))),
+            Err(StoreError::NotFound(_)) => Ok(None),
+            Err(error) => Err(error),
+        }
     }
 
     /// Everything needed to resume the run.

@@ -25,7 +25,7 @@ use super::error::ApiError;
 use super::event_stream::{self, Frames};
 use super::incidents::{self, ConnectionNote, StreamCut};
 use super::slots::StreamSlot;
-use super::state::{AppState, owned_run_id};
+use super::state::AppState;
 use crate::reasoning::{Block, Change};
 
 /// Where to resume.
@@ -65,7 +65,7 @@ pub async fn run_events(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let Path(id) = path?;
-    let run_id = owned_run_id(&state, &tenant, &id).await?;
+    let run_id: RunId = id.parse().map_err(|_| ApiError::run_not_found())?;
     let Query(query) = query?;
     let after = match headers.get("last-event-id") {
         Some(value) => value
@@ -79,13 +79,6 @@ pub async fn run_events(
     if i64::try_from(after).is_err() {
         return Err(ApiError::invalid("Last-Event-ID / after is beyond any event seq"));
     }
-    let Some(slot) = state.inner.streams.open(&tenant) else {
-        return Err(ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_streams", "too many open event streams")
-            .retry_after(state.inner.config.retry_after));
-    };
-    if let Some(Extension(note)) = note {
-        note.streams(&tenant, run_id);
-    }
     let block = match query.view.as_deref() {
         None => None,
         Some("block") => Some(BlockView::new(after)),
@@ -94,7 +87,17 @@ pub async fn run_events(
     // The block is made from the whole run: its events before `after` are read
     // (and not sent) too.
     let from = if block.is_some() { 0 } else { after };
-    let events = state.inner.runtime.subscribe(run_id, from);
+    // Whose run it is and its first events, in one read.
+    let Some(events) = state.inner.runtime.subscribe_owned(run_id, &tenant, from).await? else {
+        return Err(ApiError::run_not_found());
+    };
+    let Some(slot) = state.inner.streams.open(&tenant) else {
+        return Err(ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_streams", "too many open event streams")
+            .retry_after(state.inner.config.retry_after));
+    };
+    if let Some(Extension(note)) = note {
+        note.streams(&tenant, run_id);
+    }
     let keep_alive = state.inner.timing.sse_keep_alive;
     let open = OpenStream { state: state.clone(), tenant, run_id, slot: Some(slot), sent: None, block, pending: None };
     // A batch of resumed events that changed nothing sends nothing.

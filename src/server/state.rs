@@ -127,13 +127,3 @@ pub async fn owned_run(state: &AppState, tenant: &str, id: &str) -> Result<RunRe
         _ => Err(ApiError::run_not_found()),
     }
 }
-
-/// The id of run `id` if it exists and belongs to `tenant`, as [`owned_run`]
-/// decides, reading only whom the run belongs to.
-pub async fn owned_run_id(state: &AppState, tenant: &str, id: &str) -> Result<RunId, ApiError> {
-    let run_id: RunId = id.parse().map_err(|_| ApiError::run_not_found())?;
-    match state.inner.runtime.tenant_of(run_id).await? {
-        Some(owner) if owner == tenant => Ok(run_id),
-        _ => Err(ApiError::run_not_found()),
-    }
-}

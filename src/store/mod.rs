@@ -522,19 +522,6 @@ impl RunStore for SqlStore {
         }
     }
 
-    async fn run_tenant(&self, run_id: RunId) -> Result<Option<String>, StoreError> {
-        let id = run_id.to_string();
-        let sql = "SELECT tenant FROM runs WHERE run_id = $1";
-        match &self.pool {
-            Pool::Sqlite(_, readers) => readers.read(|connection| {
-                let mut statement = connection.prepare_cached(sql)?;
-                let mut rows = statement.query(rusqlite::named_params! {"$1": id})?;
-                rows.next()?.map(|row| row.get(0)).transpose()
-            }),
-            Pool::Postgres(pool) => sqlx::query_scalar(sql).bind(&id).fetch_optional(pool).await.map_err(backend),
-        }
-    }
-
     async fn load(&self, run_id: RunId) -> Result<Option<RunSnapshot>, StoreError> {
         let id = run_id.to_string();
         with_pool!(self, |pool, postgres| {
@@ -589,39 +576,47 @@ impl RunStore for SqlStore {
     }
 
     async fn events_after(&self, run_id: RunId, after: u64, limit: usize) -> Result<Vec<RunEvent>, StoreError> {
+        match self.tenant_and_events_after(run_id, after, limit).await? {
+            Some((_, events)) => Ok(events),
+            None => Err(StoreError::NotFound(run_id)),
+        }
+    }
+
+    async fn tenant_and_events_after(
+        &self,
+        run_id: RunId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Option<(String, Vec<RunEvent>)>, StoreError> {
         let id = run_id.to_string();
         // One query: a run with nothing after `after` gives one row with no body,
         // an unknown run none. A row of `run_events` holds the events of one
         // commit (at least one): `limit` rows from the one holding `after + 1`
         // hold at least `limit` events after it. (SQLite reads `$N` as a parameter
         // named so.)
-        const SQL: &str = "SELECT run_events.body FROM runs LEFT JOIN run_events ON run_events.run_key = runs.run_key \
-                           AND run_events.last_seq > $2 WHERE runs.run_id = $1 ORDER BY run_events.last_seq LIMIT $3";
+        const SQL: &str = "SELECT runs.tenant, run_events.body FROM runs LEFT JOIN run_events \
+                           ON run_events.run_key = runs.run_key AND run_events.last_seq > $2 \
+                           WHERE runs.run_id = $1 ORDER BY run_events.last_seq LIMIT $3";
         let (after_key, limit_key) = (after as i64, limit.clamp(1, i64::MAX as usize) as i64);
-        let rows: Vec<Option<String>> = match &self.pool {
+        let rows: Vec<(String, Option<String>)> = match &self.pool {
             Pool::Sqlite(_, readers) => readers.read(|connection| {
                 let mut statement = connection.prepare_cached(SQL)?;
                 let values = rusqlite::named_params! {"$1": id, "$2": after_key, "$3": limit_key};
-                let rows = statement.query_map(values, |row| row.get(0))?;
+                let rows = statement.query_map(values, |row| Ok((row.get(0)?, row.get(1)?)))?;
                 rows.collect()
             })?,
-            Pool::Postgres(pool) => sqlx::query_scalar(SQL)
-                .bind(&id)
-                .bind(after_key)
-                .bind(limit_key)
-                .fetch_all(pool)
-                .await
-                .map_err(backend)?,
+            Pool::Postgres(pool) => {
+                sqlx::query_as(SQL).bind(&id).bind(after_key).bind(limit_key).fetch_all(pool).await.map_err(backend)?
+            }
         };
-        if rows.is_empty() {
-            return Err(StoreError::NotFound(run_id));
-        }
+        let mut rows = rows.into_iter();
+        let Some((tenant, first)) = rows.next() else { return Ok(None) };
         let mut events = Vec::new();
-        for body in rows.into_iter().flatten() {
+        for body in std::iter::once(first).chain(rows.map(|(_, body)| body)).flatten() {
             events.extend(read_batch(&body, run_id)?.into_iter().filter(|event| event.seq > after));
         }
         events.truncate(limit);
-        Ok(events)
+        Ok(Some((tenant, events)))
     }
 
     async fn list_runs(&self, query: RunQuery) -> Result<Vec<RunRecord>, StoreError> {

@@ -105,8 +105,12 @@ async fn contract(store: Arc<dyn RunStore>) {
         Err(StoreError::Exists(run_id)),
         "a run id is created once"
     );
-    assert_eq!(store.run_tenant(run_id).await.unwrap().as_deref(), Some("acme"));
-    assert_eq!(store.run_tenant(RunId::new()).await.unwrap(), None, "no such run");
+    let (tenant, events) = store.tenant_and_events_after(run_id, 0, 10).await.unwrap().expect("the run");
+    assert_eq!(tenant, "acme");
+    assert_eq!(events.iter().map(|event| event.seq).collect::<Vec<_>>(), vec![1]);
+    let (_, events) = store.tenant_and_events_after(run_id, 1, 10).await.unwrap().expect("the run");
+    assert!(events.is_empty(), "nothing after the last event, and the run is still known");
+    assert_eq!(store.tenant_and_events_after(RunId::new(), 0, 10).await.unwrap(), None, "no such run");
 
     // A commit with everything in it.
     let plan = Plan {
@@ -241,7 +245,7 @@ async fn contract(store: Arc<dyn RunStore>) {
     assert_eq!(store.delete_finished(Utc::now() - chrono::Duration::hours(1), 10).await.unwrap(), 0, "too recent");
     assert_eq!(store.delete_finished(Utc::now() + chrono::Duration::seconds(5), 10).await.unwrap(), 1);
     assert_eq!(store.get_run(run_id).await.unwrap(), None);
-    assert_eq!(store.run_tenant(run_id).await.unwrap(), None, "a deleted run belongs to no one");
+    assert_eq!(store.tenant_and_events_after(run_id, 0, 10).await.unwrap(), None, "a deleted run belongs to no one");
     assert_eq!(store.events_after(run_id, 0, 10).await, Err(StoreError::NotFound(run_id)));
     assert!(store.get_run(other).await.unwrap().is_some(), "an unfinished run is kept");
     progress_is_read_back(store.as_ref(), other).await;

@@ -519,9 +519,15 @@ impl Runtime {
         self.shared.store.get_run(run_id).await
     }
 
-    /// The tenant of a stored run.
-    pub async fn tenant_of(&self, run_id: RunId) -> Result<Option<String>, StoreError> {
-        self.shared.store.run_tenant(run_id).await
+    /// [`subscribe`](Self::subscribe) for a client of `tenant`: `None` unless the
+    /// run exists and is `tenant`'s.
+    pub async fn subscribe_owned(
+        &self,
+        run_id: RunId,
+        tenant: &str,
+        after: u64,
+    ) -> Result<Option<BoxStream<'static, Result<Arc<RunEvent>, StoreError>>>, StoreError> {
+        events::subscribe_owned(self.shared.hub.clone(), self.shared.store.clone(), run_id, tenant, after).await
     }
 
     /// Answers a run parked on `ask_user` (`RunInput::Text`) or decides on a call
