@@ -2,7 +2,10 @@
 //! session publishes a commit's events after the store has them, never before. A
 //! subscription replays from the store and then follows the channel, deduplicating
 //! by seq at the seam; a subscriber that lags the channel is served from the store,
-//! so a slow client never slows a run and never misses an event.
+//! so a slow client never slows a run and never misses an event. The first events
+//! of a run started here are also kept in memory for a while (see
+//! [`EventHub::begin`]): a client that submits a run and then follows it is served
+//! without reading the store.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -17,6 +20,9 @@ use crate::store::{RunStore, StoreError};
 /// Events read from the store per round trip while replaying.
 const REPLAY_BATCH: usize = 256;
 
+/// How many of a run's first events the hub keeps (see [`EventHub::begin`]).
+const FIRST_EVENTS: usize = 8;
+
 /// The per-run live channels. They carry `Arc`s: a slot costs a pointer, not an
 /// event, and every subscriber shares one copy of each event.
 pub struct EventHub {
@@ -28,6 +34,41 @@ pub struct EventHub {
     /// subscriber whose channel closes before its run ended keeps following it
     /// (another node may drive it now), woken by [`EventHub::nudge`].
     remote: std::sync::atomic::AtomicBool,
+    /// The first events of live runs started here, while they are few.
+    first: DashMap<RunId, FirstEvents>,
+}
+
+/// A run's events from seq 1 on, every one published so far, and whose run it is.
+struct FirstEvents {
+    tenant: String,
+    events: Vec<Arc<RunEvent>>,
+}
+
+impl FirstEvents {
+    /// Takes `event` if it is the next one; `false` if it cannot be kept (too
+    /// many, or one is missing): the run's streams then start from the store.
+    fn keep(&mut self, event: &Arc<RunEvent>) -> bool {
+        let last = self.events.last().map_or(0, |kept| kept.seq);
+        if event.seq <= last {
+            // Published again (a restarted session publishes what it read back).
+            return true;
+        }
+        if event.seq != last + 1 || self.events.len() == FIRST_EVENTS {
+            return false;
+        }
+        self.events.push(event.clone());
+        true
+    }
+}
+
+/// What the hub keeps of a run for a stream that starts now.
+enum Kept {
+    /// Nothing: the stream starts from the store.
+    Nothing,
+    /// The run is another tenant's.
+    NotOwned,
+    /// The kept events after the stream's start (at least one).
+    Events(VecDeque<Arc<RunEvent>>),
 }
 
 /// The seq of a nudge: not an event, a sign that the store has new ones.
@@ -41,7 +82,24 @@ impl EventHub {
             capacity: capacity.max(1),
             closed: Default::default(),
             remote: Default::default(),
+            first: DashMap::new(),
         }
+    }
+
+    /// Keeps the events run `run_id` of `tenant` was created with (from seq 1), and
+    /// those published after them up to [`FIRST_EVENTS`], until the run ends. Call
+    /// it before anything of the run is published. Not done where other processes
+    /// drive runs of the store too.
+    pub fn begin(&self, run_id: RunId, tenant: &str, events: &[RunEvent]) {
+        if self.follows_remote()
+            || self.closed.load(std::sync::atomic::Ordering::SeqCst)
+            || events.len() > FIRST_EVENTS
+            || !events.iter().enumerate().all(|(index, event)| event.seq == index as u64 + 1)
+        {
+            return;
+        }
+        let events = events.iter().cloned().map(Arc::new).collect();
+        self.first.insert(run_id, FirstEvents { tenant: tenant.to_owned(), events });
     }
 
     /// Whether anyone listens to `run_id` (publishing is free otherwise).
@@ -51,17 +109,46 @@ impl EventHub {
 
     /// Sends committed events to the run's live subscribers.
     pub fn publish(&self, run_id: RunId, events: Vec<RunEvent>) {
+        if !self.first.contains_key(&run_id) {
+            self.send(run_id, events.into_iter().map(Arc::new));
+            return;
+        }
+        let events: Vec<Arc<RunEvent>> = events.into_iter().map(Arc::new).collect();
+        // Kept before the receivers are counted: a stream subscribes, then looks
+        // at what is kept, so it either finds these kept or is counted and sent them.
+        let kept = self.first.get_mut(&run_id).is_none_or(|mut first| events.iter().all(|event| first.keep(event)));
+        if !kept {
+            self.first.remove(&run_id);
+        }
+        self.send(run_id, events.into_iter());
+    }
+
+    fn send(&self, run_id: RunId, events: impl Iterator<Item = Arc<RunEvent>>) {
         if let Some(sender) = self.channels.get(&run_id).filter(|sender| sender.receiver_count() > 0) {
             for event in events {
                 // No receiver is not an error: subscribers come and go.
-                let _ = sender.send(Arc::new(event));
+                let _ = sender.send(event);
             }
         }
+    }
+
+    /// What is kept of the run after seq `after`, for a stream of `tenant` (any
+    /// tenant's with `None`). Only events: a stream that has them all (or a run
+    /// whose events are not kept) starts from the store, which also tells
+    /// whether the run has ended.
+    fn kept_after(&self, run_id: RunId, after: u64, tenant: Option<&str>) -> Kept {
+        let Some(first) = self.first.get(&run_id) else { return Kept::Nothing };
+        if tenant.is_some_and(|tenant| tenant != first.tenant) {
+            return Kept::NotOwned;
+        }
+        let events: VecDeque<Arc<RunEvent>> = first.events.iter().filter(|event| event.seq > after).cloned().collect();
+        if events.is_empty() { Kept::Nothing } else { Kept::Events(events) }
     }
 
     /// Runs of this store may be driven by other processes (see `remote`).
     pub fn follow_remote_runs(&self) {
         self.remote.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.first.clear();
     }
 
     /// Tells the run's subscribers that the store holds events they have not
@@ -90,6 +177,7 @@ impl EventHub {
 
     /// Ends the run's channel: subscribers drain what is buffered, then finish.
     pub fn close(&self, run_id: RunId) {
+        self.first.remove(&run_id);
         self.channels.remove(&run_id);
     }
 
@@ -98,6 +186,7 @@ impl EventHub {
     /// of waiting forever.
     pub fn close_all(&self) {
         self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.first.clear();
         self.channels.clear();
     }
 
@@ -142,7 +231,11 @@ pub fn subscribe(
     run_id: RunId,
     after: u64,
 ) -> BoxStream<'static, Result<Arc<RunEvent>, StoreError>> {
-    stream_from(Cursor::new(hub, store, run_id, after))
+    let mut cursor = Cursor::new(hub, store, run_id, after);
+    if let Kept::Events(events) = cursor.hub.kept_after(run_id, after, None) {
+        cursor.start_with(events);
+    }
+    stream_from(cursor)
 }
 
 /// [`subscribe`] for a reader who may follow only `tenant`'s runs: `None` unless
@@ -156,6 +249,14 @@ pub async fn subscribe_owned(
     after: u64,
 ) -> Result<Option<BoxStream<'static, Result<Arc<RunEvent>, StoreError>>>, StoreError> {
     let mut cursor = Cursor::new(hub, store, run_id, after);
+    match cursor.hub.kept_after(run_id, after, Some(tenant)) {
+        Kept::Events(events) => {
+            cursor.start_with(events);
+            return Ok(Some(stream_from(cursor)));
+        }
+        Kept::NotOwned => return Ok(None),
+        Kept::Nothing => {}
+    }
     match cursor.store.tenant_and_events_after(run_id, after, REPLAY_BATCH).await? {
         Some((owner, events)) if owner == tenant => {
             cursor.prefetched = Some(events);
@@ -186,6 +287,14 @@ impl Cursor {
         let receiver = Some(hub.receiver(run_id));
         let backlog = VecDeque::new();
         Self { run_id, last: after, backlog, receiver, store, hub, stale: true, ended: false, prefetched: None }
+    }
+
+    /// Starts with `events`, the run's events right after the cursor's start
+    /// kept by the hub (subscribed before they were looked at): later ones come
+    /// from the channel.
+    fn start_with(&mut self, events: VecDeque<Arc<RunEvent>>) {
+        self.backlog = events;
+        self.stale = false;
     }
 
     async fn next(&mut self) -> Result<Option<Arc<RunEvent>>, StoreError> {
@@ -427,6 +536,62 @@ mod tests {
         hub.publish(run_id, vec![event(run_id, 2, EventKind::RunEnd { status: RunStatus::Succeeded, reason: None })]);
         assert_eq!(events.next().await.unwrap().unwrap().seq, 2, "then what is published");
         assert!(events.next().await.is_none(), "the stream ends with the run");
+    }
+
+    fn turn(run_id: RunId, seq: u64) -> RunEvent {
+        event(run_id, seq, EventKind::TurnStart { turn: seq as u32 })
+    }
+
+    #[tokio::test]
+    async fn a_stream_that_starts_with_its_run_is_served_from_memory() {
+        // The store has never heard of the run: what the stream gets is what the
+        // hub kept, and what it refuses, the hub refused.
+        let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+        let hub = Arc::new(EventHub::new(16));
+        let run_id = RunId::new();
+        hub.begin(run_id, "t", &[turn(run_id, 1), turn(run_id, 2)]);
+        hub.publish(run_id, vec![turn(run_id, 3)]);
+        assert!(subscribe_owned(hub.clone(), store.clone(), run_id, "other", 0).await.unwrap().is_none());
+
+        let mut events = subscribe_owned(hub.clone(), store.clone(), run_id, "t", 1).await.unwrap().expect("kept");
+        assert_eq!(events.next().await.unwrap().unwrap().seq, 2);
+        assert_eq!(events.next().await.unwrap().unwrap().seq, 3);
+        hub.publish(run_id, vec![event(run_id, 4, EventKind::RunEnd { status: RunStatus::Succeeded, reason: None })]);
+        assert_eq!(events.next().await.unwrap().unwrap().seq, 4, "then what is published");
+        assert!(events.next().await.is_none(), "the stream ends with the run");
+
+        let mut again = subscribe(hub.clone(), store.clone(), run_id, 0);
+        assert_eq!(again.next().await.unwrap().unwrap().seq, 1, "a stream without a tenant is served the same");
+        // Kept until the run ends; a stream that has seen all that was kept reads
+        // the store (which knows whether the run ended).
+        assert!(subscribe_owned(hub.clone(), store.clone(), run_id, "t", 4).await.unwrap().is_none());
+        hub.close(run_id);
+        assert!(subscribe_owned(hub, store, run_id, "t", 0).await.unwrap().is_none(), "nothing kept after the end");
+    }
+
+    #[tokio::test]
+    async fn a_run_whose_first_events_cannot_all_be_kept_is_streamed_from_the_store() {
+        let run_id = RunId::new();
+        let record = RunRecord::accepted(run_id, "t".into(), "a".into(), "hi".into(), Limits::default(), Utc::now());
+        let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+        store.create_run(record, vec![turn(run_id, 1)]).await.unwrap();
+        for seq in 2..=3 {
+            store.commit(&Commit { run_id, writes: vec![], events: vec![turn(run_id, seq)] }).await.unwrap();
+        }
+        let hub = Arc::new(EventHub::new(16));
+        hub.begin(run_id, "t", &[turn(run_id, 1)]);
+        hub.publish(run_id, vec![turn(run_id, 3)]);
+        let events = subscribe_owned(hub.clone(), store.clone(), run_id, "t", 0).await.unwrap().expect("the run");
+        let seqs: Vec<u64> = events.take(3).map(|event| event.unwrap().seq).collect().await;
+        assert_eq!(seqs, vec![1, 2, 3], "one missing: the store serves the run");
+
+        // More than the hub keeps: a run the store does not have shows it.
+        let run_id = RunId::new();
+        hub.begin(run_id, "t", &[turn(run_id, 1)]);
+        hub.publish(run_id, (2..=FIRST_EVENTS as u64).map(|seq| turn(run_id, seq)).collect());
+        assert!(subscribe_owned(hub.clone(), store.clone(), run_id, "t", 0).await.unwrap().is_some(), "all kept");
+        hub.publish(run_id, vec![turn(run_id, FIRST_EVENTS as u64 + 1)]);
+        assert!(subscribe_owned(hub, store, run_id, "t", 0).await.unwrap().is_none(), "none kept once too many");
     }
 
     #[tokio::test]

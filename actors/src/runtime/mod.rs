@@ -345,7 +345,10 @@ impl Runtime {
         }
         let created = permit.as_ref().map(|_| Box::new(RunSnapshot::created(record.clone(), events.len() as u64)));
         let created_record = record.clone();
+        let kept = events.clone();
         self.shared.store.create_run(record, events).await?;
+        // Before its session can publish anything.
+        self.shared.hub.begin(run_id, &tenant, &kept);
         metrics::run_started(&spec.agent);
         let Some(permit) = permit else {
             if hold {
