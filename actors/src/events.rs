@@ -42,6 +42,8 @@ pub struct EventHub {
 struct FirstEvents {
     tenant: String,
     events: Vec<Arc<RunEvent>>,
+    /// Whether the run is stored ([`EventHub::stored`]): only then are they served.
+    stored: bool,
 }
 
 impl FirstEvents {
@@ -86,10 +88,12 @@ impl EventHub {
         }
     }
 
-    /// Keeps the events run `run_id` of `tenant` was created with (from seq 1), and
+    /// Keeps the events run `run_id` of `tenant` is created with (from seq 1), and
     /// those published after them up to [`FIRST_EVENTS`], until the run ends. Call
-    /// it before anything of the run is published. Not done where other processes
-    /// drive runs of the store too.
+    /// it before the run is stored, then [`stored`](Self::stored) once it is (or
+    /// [`forget`](Self::forget) if it could not be): a run ended in between (a
+    /// cancel) is closed, and nothing of it is kept. Not done where other
+    /// processes drive runs of the store too.
     pub fn begin(&self, run_id: RunId, tenant: &str, events: &[RunEvent]) {
         if self.follows_remote()
             || self.closed.load(std::sync::atomic::Ordering::SeqCst)
@@ -99,7 +103,22 @@ impl EventHub {
             return;
         }
         let events = events.iter().cloned().map(Arc::new).collect();
-        self.first.insert(run_id, FirstEvents { tenant: tenant.to_owned(), events });
+        self.first.insert(run_id, FirstEvents { tenant: tenant.to_owned(), events, stored: false });
+    }
+
+    /// The run [`begin`](Self::begin) was called for is stored: its kept events
+    /// may be served.
+    pub fn stored(&self, run_id: RunId) {
+        if let Some(mut first) = self.first.get_mut(&run_id) {
+            first.stored = true;
+        }
+    }
+
+    /// Keeps nothing more of the run: its streams start from the store. A session
+    /// that loads its run from the store calls it (the session before it may have
+    /// committed events it never published).
+    pub fn forget(&self, run_id: RunId) {
+        self.first.remove(&run_id);
     }
 
     /// Whether anyone listens to `run_id` (publishing is free otherwise).
@@ -137,7 +156,7 @@ impl EventHub {
     /// whose events are not kept) starts from the store, which also tells
     /// whether the run has ended.
     fn kept_after(&self, run_id: RunId, after: u64, tenant: Option<&str>) -> Kept {
-        let Some(first) = self.first.get(&run_id) else { return Kept::Nothing };
+        let Some(first) = self.first.get(&run_id).filter(|first| first.stored) else { return Kept::Nothing };
         if tenant.is_some_and(|tenant| tenant != first.tenant) {
             return Kept::NotOwned;
         }
@@ -550,6 +569,8 @@ mod tests {
         let hub = Arc::new(EventHub::new(16));
         let run_id = RunId::new();
         hub.begin(run_id, "t", &[turn(run_id, 1), turn(run_id, 2)]);
+        assert!(subscribe_owned(hub.clone(), store.clone(), run_id, "t", 0).await.unwrap().is_none(), "not stored yet");
+        hub.stored(run_id);
         hub.publish(run_id, vec![turn(run_id, 3)]);
         assert!(subscribe_owned(hub.clone(), store.clone(), run_id, "other", 0).await.unwrap().is_none());
 
@@ -580,14 +601,32 @@ mod tests {
         }
         let hub = Arc::new(EventHub::new(16));
         hub.begin(run_id, "t", &[turn(run_id, 1)]);
+        hub.stored(run_id);
         hub.publish(run_id, vec![turn(run_id, 3)]);
         let events = subscribe_owned(hub.clone(), store.clone(), run_id, "t", 0).await.unwrap().expect("the run");
         let seqs: Vec<u64> = events.take(3).map(|event| event.unwrap().seq).collect().await;
         assert_eq!(seqs, vec![1, 2, 3], "one missing: the store serves the run");
 
+        // Committed and never published (its session died in between): the
+        // session that loads the run again forgets what was kept.
+        hub.begin(run_id, "t", &[turn(run_id, 1)]);
+        hub.stored(run_id);
+        hub.forget(run_id);
+        let events = subscribe_owned(hub.clone(), store.clone(), run_id, "t", 0).await.unwrap().expect("the run");
+        let seqs: Vec<u64> = events.take(3).map(|event| event.unwrap().seq).collect().await;
+        assert_eq!(seqs, vec![1, 2, 3], "forgotten: the store serves the run");
+
+        // Ended (cancelled) before it was known to be stored: nothing is kept.
+        let ended = RunId::new();
+        hub.begin(ended, "t", &[turn(ended, 1)]);
+        hub.close(ended);
+        hub.stored(ended);
+        assert!(subscribe_owned(hub.clone(), store.clone(), ended, "t", 0).await.unwrap().is_none());
+
         // More than the hub keeps: a run the store does not have shows it.
         let run_id = RunId::new();
         hub.begin(run_id, "t", &[turn(run_id, 1)]);
+        hub.stored(run_id);
         hub.publish(run_id, (2..=FIRST_EVENTS as u64).map(|seq| turn(run_id, seq)).collect());
         assert!(subscribe_owned(hub.clone(), store.clone(), run_id, "t", 0).await.unwrap().is_some(), "all kept");
         hub.publish(run_id, vec![turn(run_id, FIRST_EVENTS as u64 + 1)]);

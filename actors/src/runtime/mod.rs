@@ -345,10 +345,13 @@ impl Runtime {
         }
         let created = permit.as_ref().map(|_| Box::new(RunSnapshot::created(record.clone(), events.len() as u64)));
         let created_record = record.clone();
-        let kept = events.clone();
-        self.shared.store.create_run(record, events).await?;
-        // Before its session can publish anything.
-        self.shared.hub.begin(run_id, &tenant, &kept);
+        // Kept for the streams that follow it (served once it is stored).
+        self.shared.hub.begin(run_id, &tenant, &events);
+        if let Err(error) = self.shared.store.create_run(record, events).await {
+            self.shared.hub.forget(run_id);
+            return Err(error.into());
+        }
+        self.shared.hub.stored(run_id);
         metrics::run_started(&spec.agent);
         let Some(permit) = permit else {
             if hold {

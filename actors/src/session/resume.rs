@@ -52,14 +52,23 @@ impl Session {
         let resumed = state.resumed;
         let snapshot = match state.created.take() {
             Some(created) => Some(*created),
-            None => self.shared.store.load(state.run_id).await?,
+            None => {
+                // A session before this one may have committed events it never
+                // published: the run's streams read the store from now on.
+                self.shared.hub.forget(state.run_id);
+                self.shared.store.load(state.run_id).await?
+            }
         };
         let Some(snapshot) = snapshot else {
             warn!(run_id = %state.run_id, "run not in the store; session stops");
+            self.shared.hub.close(state.run_id);
             myself.stop(None);
             return Ok(());
         };
         if snapshot.run.status.is_terminal() {
+            // Its end may have committed without being published: streams
+            // waiting on the channel read the store, which has it.
+            self.shared.hub.close(state.run_id);
             myself.stop(None);
             return Ok(());
         }
