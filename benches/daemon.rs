@@ -1,8 +1,9 @@
 //! What a user pays per turn: the daemon driven over HTTP as a client drives it.
 //!
 //! ```sh
-//! cargo bench --bench daemon                    # 500 runs with 1 client, 2,000 with 50 in flight; SQLite, then PostgreSQL
+//! cargo bench --bench daemon                    # 500 runs with 1 client, 2,000 with 50 in flight; SQLite, the floor, PostgreSQL
 //! cargo bench --bench daemon -- 1000 4000 sqlite # RUNS_ONE RUNS_MANY, only the stores named
+//! cargo bench --bench daemon -- 2000 2000 floor  # a bare server making the same HTTP exchanges (floor.rs)
 //! TROUPE_BENCH_PG_URL=postgres://user@host:5432/postgres cargo bench --bench daemon
 //! cargo bench --bench daemon -- 0 2000 cluster  # 1, 2, 3 daemons on one PostgreSQL, then 20 takeovers
 //! TROUPE_BENCH_WRAP="valgrind --tool=callgrind" cargo bench --bench daemon -- 100 0 sqlite  # the daemon under a tool
@@ -28,12 +29,27 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use troupe::testing::fake_openai::{FakeReply, text_stream, tool_call_stream};
 
+#[path = "daemon/floor.rs"]
+mod floor;
+
+// The daemon's allocator, for the floor server this binary also is.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 const TURNS_PER_RUN: u64 = 2;
 const IN_FLIGHT: usize = 50;
 const PARKED: usize = 1000;
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
+fn main() {
+    if let Ok(model) = std::env::var(floor::MODEL_VAR) {
+        floor::serve(&model);
+        return;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build();
+    runtime.expect("a runtime").block_on(bench());
+}
+
+async fn bench() {
     let args: Vec<String> = std::env::args().skip(1).filter(|arg| !arg.starts_with("--")).collect();
     let numbers: Vec<usize> = args.iter().filter_map(|arg| arg.parse().ok()).collect();
     let runs_one = numbers.first().copied().unwrap_or(500);
@@ -49,6 +65,9 @@ async fn main() {
     );
     if wanted("sqlite") {
         bench_store(&scratch, "sqlite", None, runs_one, runs_many).await;
+    }
+    if wanted("floor") {
+        bench_store(&scratch, "floor", None, runs_one, runs_many).await;
     }
     if stores.contains(&"cluster") {
         bench_cluster(&scratch, runs_many).await;
@@ -67,7 +86,10 @@ async fn main() {
 async fn bench_store(scratch: &Path, store: &str, url: Option<String>, runs_one: usize, runs_many: usize) {
     let dir = scratch.join(store);
     let model = FakeModel::start(&dir, &model_script());
-    let daemon = Daemon::start(&dir, &model.base_url, url.as_deref());
+    let daemon = match store {
+        "floor" => Daemon::floor(&model.base_url),
+        _ => Daemon::start(&dir, &model.base_url, url.as_deref()),
+    };
     let driver = Driver::new(&daemon.base);
     // Warm-up: connections, the store's caches, the allocator's heap.
     driver.many(100, IN_FLIGHT).await;
@@ -104,6 +126,9 @@ async fn bench_store(scratch: &Path, store: &str, url: Option<String>, runs_one:
     }
     drop(daemon);
     drop(model);
+    if store == "floor" {
+        return;
+    }
 
     // Runs parked on a model call that never answers.
     let parked_dir = dir.join("parked");
@@ -328,6 +353,15 @@ impl Daemon {
             command.env("TROUPE_CLUSTER__ENABLED", "true").env("TROUPE_CLUSTER__NODE_NAME", node);
         }
         let mut child = command.spawn().expect("troupe serve starts");
+        let base = first_line(&mut child, "troupe listening on ");
+        Self { child, base }
+    }
+
+    /// The floor server (`floor.rs`): this binary again, on `model_url`.
+    fn floor(model_url: &str) -> Self {
+        let mut command = wrapped(std::env::current_exe().expect("this bench's binary"));
+        command.env(floor::MODEL_VAR, model_url).stdout(Stdio::piped());
+        let mut child = command.spawn().expect("the floor server starts");
         let base = first_line(&mut child, "troupe listening on ");
         Self { child, base }
     }
