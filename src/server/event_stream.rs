@@ -56,14 +56,19 @@ impl Frames {
     }
 
     /// Appends a run event with `id`: its kind as the name, and its JSON (written
-    /// by hand, as serde writes it) as the data, encoded once for every stream
-    /// that sends this event ([`shared_json`]).
+    /// by hand, as serde writes it) as the data: copied from its commit's text if
+    /// the store still keeps it (`store::recent`), else encoded once for every
+    /// stream that sends this event ([`shared_json`]).
     pub fn push_event(&mut self, id: &dyn Display, event: &Arc<RunEvent>) {
         let start = self.0.len();
         let _ = write!(self.0, "id: {id}\nevent: {}\ndata: ", event.kind.name());
-        let encoded = match shared_json(event) {
-            Some(json) => json.map(|json| self.0.extend_from_slice(&json)),
-            None => crate::store::event_json(&mut self.0, event),
+        let encoded = if crate::store::recent_event_json(&mut self.0, event) {
+            Ok(())
+        } else {
+            match shared_json(event) {
+                Some(json) => json.map(|json| self.0.extend_from_slice(&json)),
+                None => crate::store::event_json(&mut self.0, event),
+            }
         };
         if encoded.is_err() {
             // The generic path, which says why.

@@ -49,20 +49,39 @@ fn utf8(body: Vec<u8>) -> Result<String, StoreError> {
 /// JSON of its record, plan or review if the commit's writes already hold it (the
 /// same value, serialized for its own row), which is then copied instead of
 /// serialized again.
+#[cfg(test)]
 pub(super) fn event_batch<'a>(
     events: &[RunEvent],
     embedded: impl Fn(&EventKind) -> Option<&'a str>,
 ) -> Result<String, StoreError> {
+    batch_with_spans(events, embedded).map(|(body, _)| body)
+}
+
+/// [`event_batch`], and where each event's object lies in it (start and end).
+pub(super) fn batch_with_spans<'a>(
+    events: &[RunEvent],
+    embedded: impl Fn(&EventKind) -> Option<&'a str>,
+) -> Result<(String, Vec<Span>), StoreError> {
     let mut body = Vec::with_capacity(BODY_CAPACITY * events.len().max(1));
+    let mut spans = Vec::with_capacity(events.len());
     body.push(b'[');
     for (index, event) in events.iter().enumerate() {
         if index > 0 {
             body.push(b',');
         }
+        let start = body.len();
         push_event(&mut body, event, false, &embedded)?;
+        spans.push(Span { start, end: body.len() });
     }
     body.push(b']');
-    utf8(body)
+    Ok((utf8(body)?, spans))
+}
+
+/// Where one event's JSON object lies in a batch's text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Span {
+    pub start: usize,
+    pub end: usize,
 }
 
 /// Appends `event` as JSON exactly as `serde_json::to_writer` writes it (what an

@@ -12,7 +12,7 @@ use std::collections::hash_map::Entry;
 use troupe_actors::protocol::{EventKind, RunEvent, RunId};
 use troupe_actors::store::{Commit, RunRecord, StoreError, StoreWrite, check_sequence};
 
-use crate::store::encode::{event_batch, json, run_id as id_text, stamp};
+use crate::store::encode::{Span, batch_with_spans, json, run_id as id_text, stamp};
 use crate::store::sql::{Map, TERMINAL, Text};
 
 /// The events of one commit, encoded as the one `run_events` row that holds them
@@ -21,6 +21,8 @@ pub(super) struct EncodedEvents {
     first: i64,
     last: i64,
     body: Text,
+    /// Where each event lies in `body`.
+    spans: Vec<Span>,
 }
 
 /// One state change, encoded.
@@ -138,6 +140,13 @@ impl Job {
         Ok(Job::Commit { run_id, id: id_text(run_id), expected, events, writes })
     }
 
+    /// The text of the job's events, the first one's seq and where each lies in
+    /// it (for [`super::recent`], once the job is committed).
+    pub(super) fn take_events(&mut self) -> Option<(Text, u64, Vec<Span>)> {
+        let (Job::Create { events, .. } | Job::Commit { events, .. }) = self;
+        events.as_mut().map(|events| (events.body.clone(), events.first as u64, std::mem::take(&mut events.spans)))
+    }
+
     /// The id of the run the job touches, as the store's columns hold it.
     pub(super) fn id(&self) -> &Text {
         match self {
@@ -154,7 +163,7 @@ impl Job {
     }
 }
 
-/// `None` for a commit without events; `embedded` as for [`event_batch`].
+/// `None` for a commit without events; `embedded` as for [`super::encode::event_batch`].
 fn encode_events<'a>(
     events: &[RunEvent],
     embedded: impl Fn(&EventKind) -> Option<&'a str>,
@@ -162,8 +171,8 @@ fn encode_events<'a>(
     let (Some(first), Some(last)) = (events.first(), events.last()) else {
         return Ok(None);
     };
-    let body = event_batch(events, embedded)?.into();
-    Ok(Some(EncodedEvents { first: first.seq as i64, last: last.seq as i64, body }))
+    let (body, spans) = batch_with_spans(events, embedded)?;
+    Ok(Some(EncodedEvents { first: first.seq as i64, last: last.seq as i64, body: body.into(), spans }))
 }
 
 /// The JSON of the tool record, plan or review an event carries, where one of the

@@ -71,6 +71,8 @@ mod encode;
 pub(crate) use encode::event_json;
 mod group;
 mod read;
+mod recent;
+pub(crate) use recent::write_json as recent_event_json;
 pub mod retention;
 mod sql;
 mod writer;
@@ -211,6 +213,17 @@ fn already_owned(what: &str) -> StoreError {
 }
 
 impl SqlStore {
+    /// Hands `job` to the writer; once it is committed, its events' text is kept
+    /// for the streams that send them next ([`recent`]).
+    async fn write(&self, run_id: RunId, mut job: Job) -> Result<(), StoreError> {
+        let events = job.take_events();
+        self.writer.write(job).await?;
+        if let Some((body, first, spans)) = events {
+            recent::remember(run_id, first, &body, &spans);
+        }
+        Ok(())
+    }
+
     /// Connects to `url` (`sqlite://PATH` or `postgres://…`) and applies the
     /// migrations. A SQLite file and its folder are created if missing.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
@@ -495,11 +508,11 @@ const THREAD_COLUMNS: &str = "thread_id, tenant, agent, metadata, idempotency_ke
 #[async_trait]
 impl RunStore for SqlStore {
     async fn create_run(&self, run: RunRecord, events: Vec<RunEvent>) -> Result<(), StoreError> {
-        self.writer.write(Job::create(&run, &events)?).await
+        self.write(run.run_id, Job::create(&run, &events)?).await
     }
 
     async fn commit(&self, commit: &Commit) -> Result<(), StoreError> {
-        self.writer.write(Job::commit(commit)?).await
+        self.write(commit.run_id, Job::commit(commit)?).await
     }
 
     async fn get_run(&self, run_id: RunId) -> Result<Option<RunRecord>, StoreError> {
@@ -986,6 +999,38 @@ mod tests {
         assert_eq!(wal_autocheckpoint(pool).await, 2048);
         drop(store);
         assert_eq!(page_size_on_disk(&old), 16 * 1024);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// A stream copies the text of events this store committed; a refused
+    /// commit's events are not kept, so a stream never sends what was not stored.
+    #[tokio::test]
+    async fn only_committed_events_are_kept_for_streams() {
+        use troupe_actors::protocol::{EventKind, Limits};
+        let dir = std::env::temp_dir().join(format!("troupe-recent-{}", RunId::new()));
+        let store = SqlStore::connect(&format!("sqlite://{}", dir.join("t.db").display())).await.unwrap();
+        let run_id = RunId::new();
+        let event = |seq, text: &str| RunEvent {
+            run_id,
+            seq,
+            ts: chrono::Utc::now(),
+            parent_run_id: None,
+            kind: EventKind::AssistantDelta { turn: 1, text: text.into(), reasoning: false },
+        };
+        let run =
+            RunRecord::accepted(run_id, "t".into(), "a".into(), "i".into(), Limits::default(), chrono::Utc::now());
+        store.create_run(run, vec![event(1, "first")]).await.unwrap();
+        let stored = event(2, "say \"hi\"\n");
+        store.commit(&Commit { run_id, writes: vec![], events: vec![stored.clone()] }).await.unwrap();
+        let refused = event(4, "never stored");
+        let outcome = store.commit(&Commit { run_id, writes: vec![], events: vec![refused.clone()] }).await;
+        assert!(matches!(outcome, Err(StoreError::SeqConflict { .. })), "{outcome:?}");
+
+        let mut sent = Vec::new();
+        assert!(recent::write_json(&mut sent, &stored));
+        assert_eq!(String::from_utf8(sent).unwrap(), serde_json::to_string(&stored).unwrap());
+        assert!(!recent::write_json(&mut Vec::new(), &refused), "a refused commit's event is not kept");
+        drop(store);
         let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -6,6 +6,7 @@ use serde_json::json;
 use troupe_actors::protocol::{CallStatus, EventKind, Limits, ToolCall, ToolExecutionRecord};
 
 use super::*;
+use crate::store::encode::event_batch;
 
 fn event(run_id: RunId, seq: u64) -> RunEvent {
     RunEvent { run_id, seq, ts: Utc::now(), parent_run_id: None, kind: EventKind::TurnStart { turn: 1 } }
@@ -129,6 +130,16 @@ fn values_written_as_rows_and_events_are_serialized_once_and_read_back_unchanged
     };
     assert_eq!(&*batch.body, event_batch(&events, |_| None).unwrap(), "as serialized on its own");
     assert_eq!(crate::store::encode::read_batch(&batch.body, run_id).unwrap(), events);
+
+    // A stream sends each event as its commit's text, with the run put back.
+    crate::store::recent::remember(run_id, 1, &batch.body, &batch.spans);
+    for event in &events {
+        let mut sent = Vec::new();
+        assert!(crate::store::recent::write_json(&mut sent, event), "seq {} is kept", event.seq);
+        assert_eq!(String::from_utf8(sent).unwrap(), serde_json::to_string(event).unwrap());
+    }
+    let later = RunEvent { seq: 6, ..events[0].clone() };
+    assert!(!crate::store::recent::write_json(&mut Vec::new(), &later), "an event never committed");
 }
 
 /// A run whose status, reason or final output a job changed is written whole
