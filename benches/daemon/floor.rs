@@ -150,16 +150,29 @@ impl Floor {
         )
         .into_bytes();
         message.extend_from_slice(&body);
-        connection.write_all(&message).await?;
-        let mut reply = Vec::with_capacity(2048);
-        let mut buffer = [0u8; 8192];
-        while !reply.ends_with(b"\r\n0\r\n\r\n") {
-            let read = connection.read(&mut buffer).await?;
-            if read == 0 {
-                return Err(std::io::ErrorKind::UnexpectedEof.into());
+        let exchange = async {
+            connection.write_all(&message).await?;
+            let mut reply = Vec::with_capacity(2048);
+            let mut buffer = [0u8; 8192];
+            // A streamed reply (chunked) that succeeded, read to its last chunk.
+            while !reply.ends_with(b"\r\n0\r\n\r\n") {
+                let read = connection.read(&mut buffer).await?;
+                if read == 0 {
+                    return Err(std::io::ErrorKind::UnexpectedEof.into());
+                }
+                reply.extend_from_slice(&buffer[..read]);
+                if reply.windows(4).any(|window| window == b"\r\n\r\n") && !reply.starts_with(b"HTTP/1.1 200") {
+                    return Err(std::io::Error::other(String::from_utf8_lossy(&reply).into_owned()));
+                }
             }
-            reply.extend_from_slice(&buffer[..read]);
-        }
+            if !reply.windows(12).any(|window| window == b"data: [DONE]") {
+                return Err(std::io::Error::other("the reply did not end with [DONE]"));
+            }
+            Ok::<_, std::io::Error>(())
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(30), exchange)
+            .await
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
         self.connections.lock().expect("the connections").push(connection);
         Ok(())
     }

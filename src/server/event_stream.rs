@@ -62,7 +62,20 @@ impl Frames {
     pub fn push_event(&mut self, id: &dyn Display, event: &Arc<RunEvent>) {
         let start = self.0.len();
         let _ = write!(self.0, "id: {id}\nevent: {}\ndata: ", event.kind.name());
+        #[cfg(debug_assertions)]
+        let json_at = self.0.len();
         let encoded = if crate::store::recent_event_json(&mut self.0, event) {
+            // Debug builds (the tests) check every copy against a fresh encoding.
+            #[cfg(debug_assertions)]
+            {
+                let mut fresh = Vec::new();
+                let _ = crate::store::event_json(&mut fresh, event);
+                assert_eq!(
+                    String::from_utf8_lossy(&self.0[json_at..]),
+                    String::from_utf8_lossy(&fresh),
+                    "an event's kept text is its JSON"
+                );
+            }
             Ok(())
         } else {
             match shared_json(event) {

@@ -140,11 +140,11 @@ impl Job {
         Ok(Job::Commit { run_id, id: id_text(run_id), expected, events, writes })
     }
 
-    /// The text of the job's events, the first one's seq and where each lies in
-    /// it (for [`super::recent`], once the job is committed).
-    pub(super) fn take_events(&mut self) -> Option<(Text, u64, Vec<Span>)> {
+    /// The text of the job's events and where each lies in it (for
+    /// [`super::recent`], once the job is committed).
+    pub(super) fn take_events(&mut self) -> Option<(Text, Vec<Span>)> {
         let (Job::Create { events, .. } | Job::Commit { events, .. }) = self;
-        events.as_mut().map(|events| (events.body.clone(), events.first as u64, std::mem::take(&mut events.spans)))
+        events.as_mut().map(|events| (events.body.clone(), std::mem::take(&mut events.spans)))
     }
 
     /// The id of the run the job touches, as the store's columns hold it.

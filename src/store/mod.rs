@@ -213,13 +213,13 @@ fn already_owned(what: &str) -> StoreError {
 }
 
 impl SqlStore {
-    /// Hands `job` to the writer; once it is committed, its events' text is kept
-    /// for the streams that send them next ([`recent`]).
-    async fn write(&self, run_id: RunId, mut job: Job) -> Result<(), StoreError> {
-        let events = job.take_events();
+    /// Hands `job` (which encodes `events`) to the writer; once it is committed,
+    /// its events' text is kept for the streams that send them next ([`recent`]).
+    async fn write(&self, run_id: RunId, events: &[RunEvent], mut job: Job) -> Result<(), StoreError> {
+        let text = job.take_events();
         self.writer.write(job).await?;
-        if let Some((body, first, spans)) = events {
-            recent::remember(run_id, first, &body, &spans);
+        if let Some((body, spans)) = text {
+            recent::remember(run_id, events, &body, &spans);
         }
         Ok(())
     }
@@ -508,11 +508,11 @@ const THREAD_COLUMNS: &str = "thread_id, tenant, agent, metadata, idempotency_ke
 #[async_trait]
 impl RunStore for SqlStore {
     async fn create_run(&self, run: RunRecord, events: Vec<RunEvent>) -> Result<(), StoreError> {
-        self.write(run.run_id, Job::create(&run, &events)?).await
+        self.write(run.run_id, &events, Job::create(&run, &events)?).await
     }
 
     async fn commit(&self, commit: &Commit) -> Result<(), StoreError> {
-        self.write(commit.run_id, Job::commit(commit)?).await
+        self.write(commit.run_id, &commit.events, Job::commit(commit)?).await
     }
 
     async fn get_run(&self, run_id: RunId) -> Result<Option<RunRecord>, StoreError> {

@@ -132,7 +132,7 @@ fn values_written_as_rows_and_events_are_serialized_once_and_read_back_unchanged
     assert_eq!(crate::store::encode::read_batch(&batch.body, run_id).unwrap(), events);
 
     // A stream sends each event as its commit's text, with the run put back.
-    crate::store::recent::remember(run_id, 1, &batch.body, &batch.spans);
+    crate::store::recent::remember(run_id, &events, &batch.body, &batch.spans);
     for event in &events {
         let mut sent = Vec::new();
         assert!(crate::store::recent::write_json(&mut sent, event), "seq {} is kept", event.seq);
