@@ -90,6 +90,14 @@ pub(crate) fn event_json(out: &mut Vec<u8>, event: &RunEvent) -> Result<(), Stor
     push_event(out, event, true, |_| None)
 }
 
+/// Appends the start of an event's JSON object that names its run,
+/// `{"run_id":"ID",` (the members that follow it start with `"seq"`).
+pub(super) fn open_with_run(out: &mut Vec<u8>, run_id: RunId) {
+    out.extend_from_slice(b"{\"run_id\":\"");
+    out.extend_from_slice(run_id.0.hyphenated().encode_lower(&mut uuid::Uuid::encode_buffer()).as_bytes());
+    out.extend_from_slice(b"\",");
+}
+
 /// Appends `event` as JSON, as `serde_json::to_string(event)` writes it, without
 /// its `run_id` member unless `with_run`, with its ids and time written by hand.
 /// `RunEvent` flattens
@@ -103,11 +111,10 @@ fn push_event<'a>(
     embedded: impl Fn(&EventKind) -> Option<&'a str>,
 ) -> Result<(), StoreError> {
     let mut head = String::with_capacity(144);
-    head.push('{');
     if with_run {
-        head.push_str("\"run_id\":\"");
-        head.push_str(event.run_id.0.hyphenated().encode_lower(&mut uuid::Uuid::encode_buffer()));
-        head.push_str("\",");
+        open_with_run(body, event.run_id);
+    } else {
+        head.push('{');
     }
     head.push_str("\"seq\":");
     head.push_str(itoa(event.seq, &mut [0; 20]));

@@ -17,7 +17,7 @@ use std::sync::{LazyLock, Mutex};
 use chrono::{DateTime, Utc};
 use troupe_actors::protocol::{RunEvent, RunId};
 
-use crate::store::encode::Span;
+use crate::store::encode::{Span, open_with_run};
 use crate::store::sql::Text;
 
 /// Events kept at most: streams read an event within moments of its commit, so
@@ -95,9 +95,7 @@ impl Recent {
         let Some(rest) = entry.body.get(entry.span.start + 1..entry.span.end) else {
             return false;
         };
-        out.extend_from_slice(b"{\"run_id\":\"");
-        out.extend_from_slice(event.run_id.0.hyphenated().encode_lower(&mut uuid::Uuid::encode_buffer()).as_bytes());
-        out.extend_from_slice(b"\",");
+        open_with_run(out, event.run_id);
         out.extend_from_slice(rest.as_bytes());
         true
     }
