@@ -3,9 +3,13 @@
 //! sets (agent, tool, model, status, reason); run ids never become labels.
 #![allow(clippy::disallowed_macros)]
 
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use metrics::{counter, gauge, histogram};
+use metrics::{Counter, Gauge, Histogram, Label, Recorder, counter, gauge, histogram};
 
 /// Runs accepted, by agent.
 pub const RUNS_STARTED_TOTAL: &str = "troupe_runs_started_total";
@@ -103,22 +107,22 @@ pub const SCORE_BUCKETS: &[f64] = &[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9,
 
 /// A run was accepted.
 pub fn run_started(agent: &str) {
-    counter!(RUNS_STARTED_TOTAL, "agent" => agent.to_owned()).increment(1);
+    with_counter(RUNS_STARTED_TOTAL, &[("agent", agent)], |counter| counter.increment(1));
 }
 
 /// A run ended with `status`.
 pub fn run_finished(agent: &str, status: &'static str) {
-    counter!(RUNS_FINISHED_TOTAL, "agent" => agent.to_owned(), "status" => status).increment(1);
+    with_counter(RUNS_FINISHED_TOTAL, &[("agent", agent), ("status", status)], |counter| counter.increment(1));
 }
 
 /// The number of live sessions.
 pub fn runs_active(count: usize) {
-    gauge!(RUNS_ACTIVE).set(count as f64);
+    with_gauge(RUNS_ACTIVE, &[], |gauge| gauge.set(count as f64));
 }
 
 /// The number of runs waiting for a slot.
 pub fn runs_queued(count: usize) {
-    gauge!(RUNS_QUEUED).set(count as f64);
+    with_gauge(RUNS_QUEUED, &[], |gauge| gauge.set(count as f64));
 }
 
 /// A run was resumed from the store.
@@ -133,8 +137,8 @@ pub fn admission_rejected(reason: &'static str) {
 
 /// A turn finished after `elapsed`.
 pub fn turn_finished(elapsed: Duration) {
-    counter!(TURNS_TOTAL).increment(1);
-    histogram!(TURN_DURATION_SECONDS).record(elapsed.as_secs_f64());
+    with_counter(TURNS_TOTAL, &[], |counter| counter.increment(1));
+    with_histogram(TURN_DURATION_SECONDS, &[], |histogram| histogram.record(elapsed.as_secs_f64()));
 }
 
 /// The `tool` label of a call to a tool that is not registered.
@@ -142,8 +146,10 @@ pub const UNKNOWN_TOOL: &str = "unknown";
 
 /// A tool call ended with `status` after `elapsed`.
 pub fn tool_call(tool: &str, status: &'static str, elapsed: Duration) {
-    counter!(TOOL_CALLS_TOTAL, "tool" => tool.to_owned(), "status" => status).increment(1);
-    histogram!(TOOL_CALL_DURATION_SECONDS, "tool" => tool.to_owned()).record(elapsed.as_secs_f64());
+    with_counter(TOOL_CALLS_TOTAL, &[("tool", tool), ("status", status)], |counter| counter.increment(1));
+    with_histogram(TOOL_CALL_DURATION_SECONDS, &[("tool", tool)], |histogram| {
+        histogram.record(elapsed.as_secs_f64());
+    });
 }
 
 /// The hook chain skipped a call.
@@ -158,20 +164,28 @@ pub fn tool_blocked(tool: &str) {
 
 /// The tool pool's queue depth.
 pub fn tool_queue_depth(depth: usize) {
-    gauge!(TOOL_QUEUE_DEPTH).set(depth as f64);
+    with_gauge(TOOL_QUEUE_DEPTH, &[], |gauge| gauge.set(depth as f64));
 }
 
 /// A model request ended with `status` after `elapsed`.
 pub fn model_request(model: &str, status: &'static str, elapsed: Duration) {
-    counter!(MODEL_REQUESTS_TOTAL, "model" => model.to_owned(), "status" => status).increment(1);
-    histogram!(MODEL_REQUEST_DURATION_SECONDS, "model" => model.to_owned()).record(elapsed.as_secs_f64());
+    with_counter(MODEL_REQUESTS_TOTAL, &[("model", model), ("status", status)], |counter| counter.increment(1));
+    with_histogram(MODEL_REQUEST_DURATION_SECONDS, &[("model", model)], |histogram| {
+        histogram.record(elapsed.as_secs_f64());
+    });
 }
 
 /// Tokens and cost of one model request.
 pub fn model_usage(model: &str, input_tokens: u64, output_tokens: u64, cost_usd: f64) {
-    counter!(MODEL_TOKENS_TOTAL, "model" => model.to_owned(), "direction" => "input").increment(input_tokens);
-    counter!(MODEL_TOKENS_TOTAL, "model" => model.to_owned(), "direction" => "output").increment(output_tokens);
-    counter!(COST_MICRODOLLARS_TOTAL, "model" => model.to_owned()).increment((cost_usd * 1e6).round() as u64);
+    with_counter(MODEL_TOKENS_TOTAL, &[("model", model), ("direction", "input")], |counter| {
+        counter.increment(input_tokens);
+    });
+    with_counter(MODEL_TOKENS_TOTAL, &[("model", model), ("direction", "output")], |counter| {
+        counter.increment(output_tokens);
+    });
+    with_counter(COST_MICRODOLLARS_TOTAL, &[("model", model)], |counter| {
+        counter.increment((cost_usd * 1e6).round() as u64);
+    });
 }
 
 /// A model request is retried.
@@ -198,20 +212,26 @@ pub fn local_model_queue_depth(model: &str, depth: usize) {
 
 /// A model call ended (OpenTelemetry GenAI names).
 pub fn gen_ai_operation(model: &str, elapsed: Duration, input_tokens: u64, output_tokens: u64) {
-    histogram!(GEN_AI_CLIENT_OPERATION_DURATION_SECONDS, "model" => model.to_owned()).record(elapsed.as_secs_f64());
-    histogram!(GEN_AI_CLIENT_TOKEN_USAGE, "model" => model.to_owned(), "token_type" => "input")
-        .record(input_tokens as f64);
-    histogram!(GEN_AI_CLIENT_TOKEN_USAGE, "model" => model.to_owned(), "token_type" => "output")
-        .record(output_tokens as f64);
+    with_histogram(GEN_AI_CLIENT_OPERATION_DURATION_SECONDS, &[("model", model)], |histogram| {
+        histogram.record(elapsed.as_secs_f64());
+    });
+    with_histogram(GEN_AI_CLIENT_TOKEN_USAGE, &[("model", model), ("token_type", "input")], |histogram| {
+        histogram.record(input_tokens as f64);
+    });
+    with_histogram(GEN_AI_CLIENT_TOKEN_USAGE, &[("model", model), ("token_type", "output")], |histogram| {
+        histogram.record(output_tokens as f64);
+    });
 }
 
 /// A review was made.
 pub fn review(recommendation: &'static str, degraded: bool, quality: f64, completeness: f64, relevance: f64) {
     let status = if degraded { "degraded" } else { "ok" };
-    counter!(REVIEWS_TOTAL, "recommendation" => recommendation, "status" => status).increment(1);
-    histogram!(REVIEW_SCORE, "dimension" => "quality").record(quality);
-    histogram!(REVIEW_SCORE, "dimension" => "completeness").record(completeness);
-    histogram!(REVIEW_SCORE, "dimension" => "relevance").record(relevance);
+    with_counter(REVIEWS_TOTAL, &[("recommendation", recommendation), ("status", status)], |counter| {
+        counter.increment(1);
+    });
+    with_histogram(REVIEW_SCORE, &[("dimension", "quality")], |histogram| histogram.record(quality));
+    with_histogram(REVIEW_SCORE, &[("dimension", "completeness")], |histogram| histogram.record(completeness));
+    with_histogram(REVIEW_SCORE, &[("dimension", "relevance")], |histogram| histogram.record(relevance));
 }
 
 /// Retention deleted `count` finished runs.
@@ -236,21 +256,24 @@ pub fn supervisor_meltdown(level: &'static str) {
 
 /// An HTTP request was answered.
 pub fn http_request(method: &str, route: &str, status: u16, elapsed: Duration) {
-    let method = method.to_owned();
-    let route = route.to_owned();
-    counter!(HTTP_REQUESTS_TOTAL, "method" => method.clone(), "route" => route.clone(), "status" => status.to_string())
-        .increment(1);
-    histogram!(HTTP_REQUEST_DURATION_SECONDS, "method" => method, "route" => route).record(elapsed.as_secs_f64());
+    let mut digits = [0; 5];
+    let status = decimal(status, &mut digits);
+    with_counter(HTTP_REQUESTS_TOTAL, &[("method", method), ("route", route), ("status", status)], |counter| {
+        counter.increment(1);
+    });
+    with_histogram(HTTP_REQUEST_DURATION_SECONDS, &[("method", method), ("route", route)], |histogram| {
+        histogram.record(elapsed.as_secs_f64());
+    });
 }
 
 /// HTTP requests being answered: +1 when one starts, -1 when it is answered.
 pub fn http_in_flight(delta: f64) {
-    gauge!(HTTP_REQUESTS_IN_FLIGHT).increment(delta);
+    with_gauge(HTTP_REQUESTS_IN_FLIGHT, &[], |gauge| gauge.increment(delta));
 }
 
 /// Open SSE streams: +1 when one opens, -1 when it ends.
 pub fn sse_clients(delta: f64) {
-    gauge!(SSE_CLIENTS).increment(delta);
+    with_gauge(SSE_CLIENTS, &[], |gauge| gauge.increment(delta));
 }
 
 /// An SSE stream was refused by its `scope`'s limit.
@@ -275,8 +298,180 @@ pub fn cluster_fenced(count: usize) {
     counter!(CLUSTER_FENCED_COMMITS_TOTAL).increment(count as u64);
 }
 
+/// `value` in decimal, written into `digits`.
+fn decimal(mut value: u16, digits: &mut [u8; 5]) -> &str {
+    let mut start = digits.len();
+    loop {
+        start -= 1;
+        digits[start] = b'0' + (value % 10) as u8;
+        value /= 10;
+        if value == 0 {
+            break;
+        }
+    }
+    std::str::from_utf8(&digits[start..]).unwrap_or("0")
+}
+
+/// Whether handles are kept (see [`Handles`]): set by [`describe`], once a
+/// recorder is installed.
+static KEEP_HANDLES: AtomicBool = AtomicBool::new(false);
+
+/// At most this many series' handles a thread keeps; past it, it starts over
+/// (labels are bounded sets, so a daemon stays far below it).
+const MAX_KEPT: usize = 1024;
+
+thread_local! {
+    static HANDLES: RefCell<Handles> = RefCell::new(Handles::default());
+}
+
+/// The handles of the series recorded on this thread, by name and label values.
+/// Registering a series through the `metrics` macros builds its key (allocating
+/// every label value) and looks it up in the recorder's registry on every call:
+/// about 50 times a run. A kept handle is an `Arc` of the series' value, so
+/// recording through it is an atomic add. Handles belong to the recorder that
+/// made them: they are kept only for the recorder current when they were made,
+/// and dropped when another one is current.
+#[derive(Default)]
+struct Handles {
+    /// The recorder the handles belong to (its address).
+    recorder: usize,
+    /// The name and label values of the series looked up last (reused buffer).
+    key: String,
+    counters: HashMap<String, Counter, Quick>,
+    gauges: HashMap<String, Gauge, Quick>,
+    histograms: HashMap<String, Histogram, Quick>,
+}
+
+/// The kept handles' hash: their keys are short and come from bounded label
+/// sets, not from clients, so a multiply-rotate hash (Fx, as in rustc) does; the
+/// standard SipHash cost more than the lookup it serves.
+type Quick = BuildHasherDefault<Fx>;
+
+#[derive(Default)]
+struct Fx(u64);
+
+impl Fx {
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+}
+
+impl Hasher for Fx {
+    fn write(&mut self, bytes: &[u8]) {
+        let mut words = bytes.chunks_exact(8);
+        for word in &mut words {
+            let mut buffer = [0; 8];
+            buffer.copy_from_slice(word);
+            self.add(u64::from_le_bytes(buffer));
+        }
+        let rest = words.remainder();
+        let mut buffer = [0; 8];
+        buffer[..rest.len()].copy_from_slice(rest);
+        self.add(u64::from_le_bytes(buffer) ^ rest.len() as u64);
+    }
+
+    fn write_u8(&mut self, byte: u8) {
+        self.add(u64::from(byte));
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+impl Handles {
+    /// Fills `key` with the series' name and label values; forgets every handle
+    /// if the current recorder is not the one they belong to, or if there are too
+    /// many.
+    fn prepare(&mut self, name: &str, labels: &[(&'static str, &str)]) {
+        let recorder =
+            metrics::with_recorder(|recorder| std::ptr::from_ref::<dyn Recorder>(recorder).cast::<()>() as usize);
+        let kept = self.counters.len() + self.gauges.len() + self.histograms.len();
+        if recorder != self.recorder || kept >= MAX_KEPT {
+            self.recorder = recorder;
+            self.counters.clear();
+            self.gauges.clear();
+            self.histograms.clear();
+        }
+        self.key.clear();
+        self.key.push_str(name);
+        for (_, value) in labels {
+            // A separator no label value or metric name holds in practice; a
+            // value holding it cannot match another series' key anyway, since
+            // each metric has a fixed number of labels.
+            self.key.push('\u{1f}');
+            self.key.push_str(value);
+        }
+    }
+}
+
+/// The labels of a series, owned, for its registration.
+fn owned_labels(labels: &[(&'static str, &str)]) -> Vec<Label> {
+    labels.iter().map(|(key, value)| Label::new(*key, (*value).to_owned())).collect()
+}
+
+/// Runs `record` on the counter `name` with `labels`, through a kept handle where
+/// handles are kept.
+fn with_counter(name: &'static str, labels: &[(&'static str, &str)], record: impl FnOnce(&Counter)) {
+    if !KEEP_HANDLES.load(Ordering::Relaxed) {
+        return record(&counter!(name, owned_labels(labels)));
+    }
+    HANDLES.with_borrow_mut(|handles| {
+        handles.prepare(name, labels);
+        let Handles { key, counters, .. } = handles;
+        if let Some(counter) = counters.get(key.as_str()) {
+            return record(counter);
+        }
+        let counter = counter!(name, owned_labels(labels));
+        record(&counter);
+        counters.insert(key.clone(), counter);
+    });
+}
+
+/// Runs `record` on the gauge `name` with `labels` (see [`with_counter`]).
+fn with_gauge(name: &'static str, labels: &[(&'static str, &str)], record: impl FnOnce(&Gauge)) {
+    if !KEEP_HANDLES.load(Ordering::Relaxed) {
+        return record(&gauge!(name, owned_labels(labels)));
+    }
+    HANDLES.with_borrow_mut(|handles| {
+        handles.prepare(name, labels);
+        let Handles { key, gauges, .. } = handles;
+        if let Some(gauge) = gauges.get(key.as_str()) {
+            return record(gauge);
+        }
+        let gauge = gauge!(name, owned_labels(labels));
+        record(&gauge);
+        gauges.insert(key.clone(), gauge);
+    });
+}
+
+/// Runs `record` on the histogram `name` with `labels` (see [`with_counter`]).
+fn with_histogram(name: &'static str, labels: &[(&'static str, &str)], record: impl FnOnce(&Histogram)) {
+    if !KEEP_HANDLES.load(Ordering::Relaxed) {
+        return record(&histogram!(name, owned_labels(labels)));
+    }
+    HANDLES.with_borrow_mut(|handles| {
+        handles.prepare(name, labels);
+        let Handles { key, histograms, .. } = handles;
+        if let Some(histogram) = histograms.get(key.as_str()) {
+            return record(histogram);
+        }
+        let histogram = histogram!(name, owned_labels(labels));
+        record(&histogram);
+        histograms.insert(key.clone(), histogram);
+    });
+}
+
+/// Keeps the handles of the series recorded from now on, per thread (see
+/// [`Handles`]). Call once a process-wide recorder is installed; [`describe`]
+/// does.
+pub fn keep_handles() {
+    KEEP_HANDLES.store(true, Ordering::Relaxed);
+}
+
 /// Registers the help text of every metric with the installed recorder, so the
-/// exposition carries `# HELP` lines. Call once after installing a recorder.
+/// exposition carries `# HELP` lines, and keeps handles from then on
+/// ([`keep_handles`]). Call once after installing a process-wide recorder.
 pub fn describe() {
     use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     describe_counter!(RUNS_STARTED_TOTAL, "Runs accepted, by agent.");
@@ -325,6 +520,7 @@ pub fn describe() {
     describe_counter!(RETENTION_DELETED_RUNS_TOTAL, "Finished runs deleted by retention.");
     describe_gauge!(STORE_SIZE_BYTES, Unit::Bytes, "The store's size, as of the last retention sweep.");
     zero_known_series();
+    keep_handles();
 }
 
 /// Writes every series whose labels are known in advance at zero, so that a
@@ -353,5 +549,84 @@ fn zero_known_series() {
     }
     for gauge in [RUNS_ACTIVE, RUNS_QUEUED, TOOL_QUEUE_DEPTH, HTTP_REQUESTS_IN_FLIGHT, SSE_CLIENTS] {
         gauge!(gauge).increment(0.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use metrics::with_local_recorder;
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+
+    use super::*;
+
+    /// The counters and the number of histogram values `snapshotter` holds, as
+    /// `name{label=value,…}` sorted by label.
+    fn series(snapshotter: &Snapshotter) -> HashMap<String, u64> {
+        let mut series = HashMap::new();
+        for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+            let mut labels: Vec<String> = key.key().labels().map(|l| format!("{}={}", l.key(), l.value())).collect();
+            labels.sort();
+            let count = match value {
+                DebugValue::Counter(value) => value,
+                DebugValue::Histogram(values) => values.len() as u64,
+                DebugValue::Gauge(value) => value.into_inner() as u64,
+            };
+            series.insert(format!("{}{{{}}}", key.key().name(), labels.join(",")), count);
+        }
+        series
+    }
+
+    #[test]
+    fn kept_handles_record_into_the_series_of_their_labels() {
+        keep_handles();
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        with_local_recorder(&recorder, || {
+            tool_call("text_stats", "completed", Duration::from_millis(5));
+            tool_call("text_stats", "completed", Duration::from_millis(7));
+            tool_call("text_stats", "failed", Duration::from_millis(1));
+            tool_call("journal", "completed", Duration::from_millis(2));
+            http_request("POST", "/v1/runs", 201, Duration::from_millis(3));
+            http_request("POST", "/v1/runs", 201, Duration::from_millis(4));
+            http_request("GET", "/v1/runs/{run_id}/events", 200, Duration::from_millis(4));
+            runs_active(3);
+            runs_active(2);
+        });
+        let series = series(&snapshotter);
+        assert_eq!(series["troupe_tool_calls_total{status=completed,tool=text_stats}"], 2);
+        assert_eq!(series["troupe_tool_calls_total{status=failed,tool=text_stats}"], 1);
+        assert_eq!(series["troupe_tool_calls_total{status=completed,tool=journal}"], 1);
+        assert_eq!(series["troupe_tool_call_duration_seconds{tool=text_stats}"], 3);
+        assert_eq!(series["troupe_http_requests_total{method=POST,route=/v1/runs,status=201}"], 2);
+        assert_eq!(series["troupe_http_requests_total{method=GET,route=/v1/runs/{run_id}/events,status=200}"], 1);
+        assert_eq!(series["troupe_http_request_duration_seconds{method=POST,route=/v1/runs}"], 2);
+        assert_eq!(series["troupe_runs_active{}"], 2, "a gauge holds its last value");
+    }
+
+    #[test]
+    fn handles_belong_to_the_recorder_that_made_them() {
+        keep_handles();
+        let first = DebuggingRecorder::new();
+        let second = DebuggingRecorder::new();
+        let (first_view, second_view) = (first.snapshotter(), second.snapshotter());
+        with_local_recorder(&first, || run_started("bench"));
+        with_local_recorder(&second, || run_started("bench"));
+        with_local_recorder(&first, || {
+            run_started("bench");
+            run_started("other");
+        });
+        let (first, second) = (series(&first_view), series(&second_view));
+        assert_eq!(first["troupe_runs_started_total{agent=bench}"], 2);
+        assert_eq!(first["troupe_runs_started_total{agent=other}"], 1);
+        assert_eq!(second["troupe_runs_started_total{agent=bench}"], 1);
+    }
+
+    #[test]
+    fn status_codes_are_written_in_decimal() {
+        let mut digits = [0; 5];
+        assert_eq!(decimal(0, &mut digits), "0");
+        assert_eq!(decimal(7, &mut digits), "7");
+        assert_eq!(decimal(201, &mut digits), "201");
+        assert_eq!(decimal(u16::MAX, &mut digits), "65535");
     }
 }

@@ -17,7 +17,10 @@ pub fn capture_metrics() {
     CAPTURE.get_or_init(|| {
         let recorder = DebuggingRecorder::new();
         let snapshotter = recorder.snapshotter();
-        recorder.install().ok().map(|()| Capture { snapshotter, totals: Mutex::new(HashMap::new()) })
+        let installed = recorder.install().ok();
+        // Tests record through kept handles, as the daemon does.
+        crate::metrics::keep_handles();
+        installed.map(|()| Capture { snapshotter, totals: Mutex::new(HashMap::new()) })
     });
 }
 
