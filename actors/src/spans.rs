@@ -109,8 +109,14 @@ pub fn execute_tool(parent: &Span, run_id: crate::protocol::RunId, turn: u32, to
     span
 }
 
-/// The review of a turn, a child of `parent` (the turn).
-pub fn review(parent: &Span, turn: u32, reviewer: &str) -> Span {
+/// The review of a turn, a child of `parent` (the turn). A review by the rules
+/// runs no model and logs nothing, so its span only shows in an exported trace:
+/// where none is exported it is not made (two spans a run fewer to create,
+/// format and close).
+pub fn review(parent: &Span, turn: u32, reviewer: &str, by_model: bool) -> Span {
+    if !by_model && !exporting() {
+        return Span::none();
+    }
     info_span!(parent: parent, "review", turn, reviewer)
 }
 
@@ -142,4 +148,49 @@ pub fn run(run_id: crate::protocol::RunId, run: Option<&crate::store::RunRecord>
         span.record("trace_id", trace_id);
     }
     span
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use tracing::span::{Attributes, Id, Record};
+    use tracing::subscriber::with_default;
+    use tracing::{Event, Metadata, Subscriber};
+
+    use super::*;
+
+    /// A subscriber that takes every span and counts the ones made.
+    #[derive(Default)]
+    struct Counting {
+        made: AtomicU64,
+    }
+
+    impl Subscriber for Counting {
+        fn enabled(&self, _: &Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &Attributes<'_>) -> Id {
+            Id::from_u64(self.made.fetch_add(1, Ordering::Relaxed) + 1)
+        }
+        fn record(&self, _: &Id, _: &Record<'_>) {}
+        fn record_follows_from(&self, _: &Id, _: &Id) {}
+        fn event(&self, _: &Event<'_>) {}
+        fn enter(&self, _: &Id) {}
+        fn exit(&self, _: &Id) {}
+    }
+
+    #[test]
+    fn a_review_by_the_rules_has_a_span_only_where_traces_are_exported() {
+        assert!(!exporting(), "no test of this crate installs the export hooks");
+        let subscriber = std::sync::Arc::new(Counting::default());
+        with_default(subscriber.clone(), || {
+            let turn = info_span!("turn", turn = 1);
+            let by_rules = review(&turn, 1, "rule_based", false);
+            assert!(by_rules.is_none(), "nothing is logged in it and nothing exports it");
+            let by_model = review(&turn, 1, "model", true);
+            assert!(!by_model.is_none(), "a model review logs its failures in its span");
+        });
+        assert_eq!(subscriber.made.load(Ordering::Relaxed), 2, "the turn's span and the model review's");
+    }
 }

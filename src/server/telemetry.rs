@@ -44,8 +44,10 @@ pub fn install_prometheus(node: Option<&str>) -> Result<PrometheusHandle, BuildE
 /// joins that trace.
 pub async fn measure(request: Request, next: Next) -> Response {
     let started = Instant::now();
-    let method = known_method(request.method()).to_owned();
-    let route = request.extensions().get::<MatchedPath>().map_or("unmatched", |path| path.as_str()).to_owned();
+    let method = known_method(request.method());
+    // A route template is shared (an `Arc`): kept across the handler without a copy.
+    let matched = request.extensions().get::<MatchedPath>().cloned();
+    let route = matched.as_ref().map_or("unmatched", MatchedPath::as_str);
     let in_flight = InFlight::enter();
     let response = if crate::otel::enabled() {
         let span = tracing::info_span!(
@@ -64,7 +66,7 @@ pub async fn measure(request: Request, next: Next) -> Response {
         next.run(request).await
     };
     drop(in_flight);
-    metrics::http_request(&method, &route, response.status().as_u16(), started.elapsed());
+    metrics::http_request(method, route, response.status().as_str(), started.elapsed());
     response
 }
 

@@ -104,7 +104,12 @@ impl Session {
             agent_model: live.agent.model.clone(),
             input,
             reply,
-            span: crate::spans::review(&live.turn_parent(), turn, live.agent.reviewer.name()),
+            span: crate::spans::review(
+                &live.turn_parent(),
+                turn,
+                live.agent.reviewer.name(),
+                matches!(live.agent.reviewer, ReviewerKind::Model { .. }),
+            ),
         };
         // If the reviewer is down, the message (and its reply) is dropped right here,
         // and the reply's drop sends the degraded rule-based review.
@@ -278,7 +283,7 @@ impl Session {
             agent_model: live.agent.model.clone(),
             input: input.clone(),
             reply,
-            span: crate::spans::review(&live.turn_parent(), turn, "rule_based"),
+            span: crate::spans::review(&live.turn_parent(), turn, "rule_based", false),
         };
         // An unreachable reviewer drops the message, whose reply then sends the rules' review.
         if let Some(reviewer) = self.shared.handles.reviewer() {
