@@ -554,20 +554,20 @@ mod tests {
     use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 
     use super::*;
+    use crate::testing::series_name;
 
     /// The counters and the number of histogram values `snapshotter` holds, as
     /// `name{label=value,…}` sorted by label.
     fn series(snapshotter: &Snapshotter) -> HashMap<String, u64> {
         let mut series = HashMap::new();
         for (key, _, _, value) in snapshotter.snapshot().into_vec() {
-            let mut labels: Vec<String> = key.key().labels().map(|l| format!("{}={}", l.key(), l.value())).collect();
-            labels.sort();
             let count = match value {
                 DebugValue::Counter(value) => value,
                 DebugValue::Histogram(values) => values.len() as u64,
                 DebugValue::Gauge(value) => value.into_inner() as u64,
             };
-            series.insert(format!("{}{{{}}}", key.key().name(), labels.join(",")), count);
+            let labels = key.key().labels().map(|label| (label.key(), label.value()));
+            series.insert(series_name(key.key().name(), labels), count);
         }
         series
     }

@@ -35,12 +35,16 @@ pub fn counter(name: &str, labels: &[(&str, &str)]) -> u64 {
     // Snapshots drain counters, so they are folded into running totals.
     for (key, _, _, value) in capture.snapshotter.snapshot().into_vec() {
         if let DebugValue::Counter(value) = value {
-            let mut labels: Vec<String> = key.key().labels().map(|l| format!("{}={}", l.key(), l.value())).collect();
-            labels.sort();
-            *totals.entry(format!("{}{{{}}}", key.key().name(), labels.join(","))).or_insert(0) += value;
+            let labels = key.key().labels().map(|label| (label.key(), label.value()));
+            *totals.entry(series_name(key.key().name(), labels)).or_insert(0) += value;
         }
     }
-    let mut wanted: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    wanted.sort();
-    totals.get(&format!("{name}{{{}}}", wanted.join(","))).copied().unwrap_or(0)
+    totals.get(&series_name(name, labels.iter().copied())).copied().unwrap_or(0)
+}
+
+/// A series as `name{key=value,…}`, its labels sorted.
+pub fn series_name<'a>(name: &str, labels: impl Iterator<Item = (&'a str, &'a str)>) -> String {
+    let mut labels: Vec<String> = labels.map(|(key, value)| format!("{key}={value}")).collect();
+    labels.sort();
+    format!("{name}{{{}}}", labels.join(","))
 }

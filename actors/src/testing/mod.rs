@@ -14,7 +14,7 @@ mod store;
 mod tools;
 
 pub use eventually::{Holds, eventually};
-pub use metrics::{capture_metrics, counter};
+pub use metrics::{capture_metrics, counter, series_name};
 pub use model::{ScriptedModel, Step, StreamHold, calls, text, todo, usage};
 pub use store::FaultyStore;
 pub use tools::{
