@@ -291,32 +291,59 @@ mod tests {
     use super::*;
 
     /// Once the WAL holds more than the limit, it is copied into the database by
-    /// a checkpoint of its own, off the writer's thread; commits go on meanwhile.
+    /// a checkpoint of its own, off the writer's thread; commits go on meanwhile,
+    /// and the writer's next commit after the copy copies what they added, so that
+    /// the database then holds every committed row.
     #[tokio::test]
     async fn a_full_wal_is_checkpointed_off_the_writers_thread() {
+        const ROW: usize = 8 * 1024;
         let dir = std::env::temp_dir().join(format!("troupe-direct-{}", uuid::Uuid::now_v7()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("store.db");
         let setup = Connection::open(&path).unwrap();
         setup.execute_batch("PRAGMA journal_mode = WAL; CREATE TABLE rows (body TEXT NOT NULL);").unwrap();
         let database_bytes = || std::fs::metadata(&path).unwrap().len();
-        let before = database_bytes();
 
         let mut writer = Direct::open(&path, 64 * 1024).unwrap();
-        for _ in 0..20 {
+        let mut rows = 0;
+        let commit = async |writer: &mut Direct| {
             writer.begin().await.unwrap();
             let mut values = Values::default();
-            values.push(Value::Text("x".repeat(8 * 1024).into()));
+            values.push(Value::Text("x".repeat(ROW).into()));
             writer.statement("INSERT INTO rows (body) VALUES (?)", &mut values).unwrap();
             writer.commit().unwrap();
+        };
+        let mut copies = 0;
+        for _ in 0..20 {
+            commit(&mut writer).await;
+            rows += 1;
+            copies += usize::from(writer.checkpoint.load(Ordering::Acquire) != IDLE);
         }
-        // Nothing but a checkpoint writes the database file in WAL mode.
-        eventually(Duration::from_secs(10), "the WAL to be checkpointed", || async {
-            database_bytes() > before + 64 * 1024
-        })
-        .await;
-        let rows: i64 = setup.query_row("SELECT COUNT(*) FROM rows", [], |row| row.get(0)).unwrap();
-        assert_eq!(rows, 20);
+        assert!(copies > 0, "20 rows of 8 KiB fill a WAL of 64 KiB: a copy started");
+        // The copy runs on a blocking thread; the writer's first commit after it
+        // ended copies the rest (a commit that finds the state idle may start
+        // another copy, which ends the same way).
+        let mut finished = false;
+        for _ in 0..10 {
+            let state = &writer.checkpoint;
+            eventually(Duration::from_secs(10), "the copy to end", || async {
+                state.load(Ordering::Acquire) != COPYING
+            })
+            .await;
+            let copied = writer.checkpoint.load(Ordering::Acquire) == COPIED;
+            commit(&mut writer).await;
+            rows += 1;
+            if copied {
+                finished = true;
+                break;
+            }
+        }
+        assert!(finished, "a copy ended and the writer's next commit finished it");
+        // Nothing but a checkpoint writes the database file in WAL mode, and no
+        // reader held the WAL back: every committed row is in the file.
+        assert!(database_bytes() >= (rows * ROW) as u64, "{} bytes hold {rows} rows of {ROW}", database_bytes());
+        let stored: i64 = setup.query_row("SELECT COUNT(*) FROM rows", [], |row| row.get(0)).unwrap();
+        assert_eq!(stored, rows as i64);
         drop((writer, setup));
         let _ = std::fs::remove_dir_all(dir);
     }
