@@ -11,13 +11,12 @@
 //! times, and `sql.rs` holds what these files share (the pool, column access).
 //! On SQLite the writer has a connection of its own that it uses in place, on its
 //! task (`direct.rs`), as do the reads every run's stream makes (the run, its
-//! events; `sql::Readers`); other reads use sqlx's pool. A write transaction begins `IMMEDIATE`
-//! (no upgrade deadlocks). The writer keeps the committed row of every unfinished
-//! run, so a group reads only the runs it does not know yet (and
-//! not those it creates), and
-//! not those it creates), and
-//! allocates each new run's integer key (`run_key`), which the child tables name
-//! their run by (schema v7); reads find a run by its id, then its rows by its key.
+//! events; `sql::Readers`); other reads use sqlx's pool. A write transaction
+//! begins `IMMEDIATE` (no upgrade deadlocks). The writer keeps the committed row of
+//! every unfinished run, so a group reads only the runs it does not know yet (and
+//! not those it creates), and allocates each new run's integer key (`run_key`),
+//! which the child tables name their run by (schema v7); reads find a run by its
+//! id, then its rows by its key.
 //!
 //! # Tuning
 //!
