@@ -370,8 +370,28 @@ mod tests {
     fn the_default_agent_parses() {
         let agent = parse_agent("default.toml", DEFAULT_AGENT_TOML).unwrap();
         assert_eq!(agent.name, "default");
-        assert_eq!(agent.tools, vec!["text_stats".to_owned()]);
+        assert_eq!(agent.tools, vec!["text_stats".to_owned(), "calculate".to_owned()]);
         assert_eq!(agent.limits.max_turns, 15);
+    }
+
+    #[test]
+    fn the_default_agent_routes_measuring_and_arithmetic_to_their_tools() {
+        use troupe_actors::steps::{NextStep, next};
+        let agent = parse_agent("default.toml", DEFAULT_AGENT_TOML).unwrap();
+        let first = |input: &str| match next(&agent.steps, input, &[]) {
+            Some(NextStep::Call { tool, .. } | NextStep::Model { tool, .. }) => Some(tool),
+            _ => None,
+        };
+        assert_eq!(first("Count the words of 'the cat saw the dog'").as_deref(), Some("text_stats"));
+        assert_eq!(first("How many words are in 'I have 2 cats'?").as_deref(), Some("text_stats"), "measuring first");
+        for arithmetic in
+            ["What is 17 times 23?", "What is 7.5% of 1,280?", "What is 4567 + 8910?", "3 books at $12.50 each: total?"]
+        {
+            assert_eq!(first(arithmetic).as_deref(), Some("calculate"), "{arithmetic}");
+        }
+        for other in ["Translate 'thank you' into French.", "What is the capital of France?", "Add milk to my list"] {
+            assert_eq!(first(other), None, "{other}: the model decides");
+        }
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Built-in tools of the `troupe` binary.
 
 mod args;
+mod calculate;
 pub mod guide;
 mod http_fetch;
 mod journal;
@@ -12,6 +13,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use troupe_actors::tool::{RegistryError, ToolRegistry};
 
+pub use calculate::Calculate;
 pub use http_fetch::{HttpFetch, HttpFetchConfig};
 pub use journal::Journal;
 pub use tenant::TenantPath;
@@ -48,6 +50,7 @@ pub use troupe_actors::tool::schema_of;
 pub fn builtin_registry(config: &ToolsConfig) -> Result<ToolRegistry, RegistryError> {
     ToolRegistry::new()
         .with(Arc::new(TextStats))?
+        .with(Arc::new(Calculate))?
         .with(Arc::new(Journal { path: config.journal_path.clone() }))?
         .with(Arc::new(HttpFetch::new(config.http_fetch.clone())))
 }
