@@ -1,7 +1,9 @@
 //! The built-in offline model: a deterministic, rule-based stand-in for a language
 //! model, so `troupe demo` runs a complete agent run with no API key and no model
 //! file. It plans with `todo_write`, measures the request with `text_stats`, marks
-//! the plan done and answers from the measurement. It understands nothing; it
+//! the plan done and answers from the measurement; asked for a `calculate` call
+//! (the default agent's step for arithmetic), it passes the request's words, which
+//! that tool reads, and answers with the result. It understands nothing; it
 //! exercises the real runtime (planner, tool pool, hooks, reviewer, events).
 
 use async_trait::async_trait;
@@ -56,7 +58,17 @@ fn reply_to(request: &ChatRequest) -> ModelReply {
         ]})
     };
     let stats = own.iter().rev().find(|m| m.role == Role::Tool && m.content.contains("\"words\""));
+    let calculated = own.iter().rev().find_map(|m| {
+        let result = serde_json::from_str::<Value>(&m.content).ok().filter(|_| m.role == Role::Tool)?;
+        result.get("expression").and(result.get("summary")).and_then(Value::as_str).map(str::to_owned)
+    });
     let (content, tool_calls) = match (&request.tool_choice, turn, stats) {
+        (ToolChoice::Tool(tool), _, _) if tool == "calculate" => {
+            (String::new(), vec![call("calculate", json!({"expression": question}))])
+        }
+        (ToolChoice::None, _, None) if let Some(summary) = calculated => {
+            (format!("Offline mode: {summary}. Configure a model provider for real answers."), Vec::new())
+        }
         (ToolChoice::Auto, 1, _) if offers("todo_write") => {
             (String::new(), vec![call("todo_write", plan("in_progress"))])
         }

@@ -70,6 +70,17 @@ fn the_human_view_shows_plan_tools_steps_and_the_answer() {
 }
 
 #[test]
+fn arithmetic_is_worked_out_by_the_calculate_step() {
+    let output = troupe(&["demo", "What is 17 times 23?"]);
+    assert!(output.status.success(), "stderr: {}", String::from_utf8_lossy(&output.stderr));
+    let text = String::from_utf8(output.stdout).unwrap();
+    for needle in ["✓ calculate", "17 × 23 = 391", "■ succeeded"] {
+        assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
+    }
+    assert!(!text.contains("text_stats"), "arithmetic is not measured as a text:\n{text}");
+}
+
+#[test]
 fn a_config_file_with_an_unknown_key_is_refused_with_a_clear_error() {
     let dir = std::env::temp_dir().join(format!("troupe-e2e-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
