@@ -1,7 +1,8 @@
 //! The shipped default agent (`config/agents/default.toml`) with a scripted model:
 //! a request to measure texts it quotes gets those texts measured by the runtime,
 //! each on its own and added up, and the model only answers, the figures given
-//! right before; one that quotes nothing has the model write the call first.
+//! right before; one that quotes nothing has the model write the call first; an
+//! arithmetic request has the model write the expression for `calculate`.
 
 use std::sync::Arc;
 
@@ -22,6 +23,7 @@ use troupe_actors::{Deps, Runtime, SubmitRequest};
 async fn run(input: &str, script: Vec<Step>) -> (RunStatus, String, Vec<serde_json::Value>, Vec<ChatRequest>) {
     let mut tools = ToolRegistry::new();
     tools.register(Arc::new(troupe::tools::TextStats)).unwrap();
+    tools.register(Arc::new(troupe::tools::Calculate)).unwrap();
     let default = parse_agent("default.toml", include_str!("../../config/agents/default.toml")).unwrap();
     let model = Arc::new(ScriptedModel::queue(script));
     let deps = Deps {
@@ -77,6 +79,20 @@ async fn a_text_in_no_quotes_is_written_into_the_call_by_the_model() {
     assert_eq!(requests[1].tool_choice, ToolChoice::None);
     let asked = &requests[1].messages.last().unwrap().content;
     assert!(asked.contains("The text has 5 words, 1 sentence and 19 characters"), "{asked}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn arithmetic_is_written_by_the_model_and_answered_from_the_exact_result() {
+    let call = calls(&[("calculate", json!({"expression": "17 * 23"}))]);
+    let answer = "17 times 23 is 391.";
+    let (status, output, measured, requests) = run("What is 17 times 23?", vec![call, text(answer)]).await;
+    assert_eq!((status, output.as_str()), (RunStatus::Succeeded, answer));
+    assert!(measured.is_empty(), "nothing is measured as a text");
+    assert_eq!(requests.len(), 2);
+    assert_eq!(requests[0].tool_choice, ToolChoice::Tool("calculate".into()), "the model writes the expression");
+    assert_eq!(requests[1].tool_choice, ToolChoice::None);
+    let asked = &requests[1].messages.last().unwrap().content;
+    assert!(asked.contains("(17 × 23 = 391)"), "the exact result, right before the answer: {asked}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
