@@ -58,8 +58,8 @@ fn reply_to(request: &ChatRequest) -> ModelReply {
         ]})
     };
     let stats = own.iter().rev().find(|m| m.role == Role::Tool && m.content.contains("\"words\""));
-    let calculated = own.iter().rev().find_map(|m| {
-        let result = serde_json::from_str::<Value>(&m.content).ok().filter(|_| m.role == Role::Tool)?;
+    let calculated = own.iter().rev().filter(|m| m.role == Role::Tool).find_map(|m| {
+        let result = serde_json::from_str::<Value>(&m.content).ok()?;
         result.get("expression").and(result.get("summary")).and_then(Value::as_str).map(str::to_owned)
     });
     let (content, tool_calls) = match (&request.tool_choice, turn, stats) {

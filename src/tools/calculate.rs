@@ -295,8 +295,8 @@ fn tokens(text: &str) -> Result<Vec<Token>, String> {
             ')' | ']' => out.push(Token::Close),
             '%' => out.push(Token::Percent),
             '√' => out.push(Token::Sqrt),
-            '²' => out.extend([Token::Op('^'), Token::Number(Number::Whole(2), "2".to_owned())]),
-            '³' => out.extend([Token::Op('^'), Token::Number(Number::Whole(3), "3".to_owned())]),
+            '²' => out.extend(power_of(2)),
+            '³' => out.extend(power_of(3)),
             ' ' | '\t' | '\n' | '?' | '!' | '=' | '$' | '€' | '£' | '¥' | '\'' | '"' | ',' => {}
             // A full stop ends a sentence.
             '.' if chars.get(at).is_none_or(|next| next.is_whitespace()) => {}
@@ -314,16 +314,20 @@ fn thousands(chars: &[char], at: usize) -> bool {
         && !chars.get(at + 4).is_some_and(char::is_ascii_digit)
 }
 
+/// `^ exponent`, as "squared" or `²` write it.
+fn power_of(exponent: i128) -> [Token; 2] {
+    [Token::Op('^'), Token::Number(Number::Whole(exponent), exponent.to_string())]
+}
+
 fn word_token(word: &str, out: &mut Vec<Token>) -> Result<(), String> {
-    let two = |number: i128| [Token::Op('^'), Token::Number(Number::Whole(number), number.to_string())];
     match word {
         "plus" => out.push(Token::Op('+')),
         "minus" => out.push(Token::Op('-')),
         "times" | "x" | "multiplied" => out.push(Token::Op('*')),
         "divided" | "over" => out.push(Token::Op('/')),
         "percent" | "pct" => out.push(Token::Percent),
-        "squared" => out.extend(two(2)),
-        "cubed" => out.extend(two(3)),
+        "squared" => out.extend(power_of(2)),
+        "cubed" => out.extend(power_of(3)),
         "power" | "raised" => {
             if out.last() != Some(&Token::Op('^')) {
                 out.push(Token::Op('^'));
