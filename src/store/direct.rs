@@ -21,6 +21,7 @@ use rusqlite::{Connection, ErrorCode, OpenFlags};
 use troupe_actors::store::StoreError;
 
 use crate::store::sql::{LOCK_WAIT, Text, failed, plan_once};
+use crate::store::wal_vfs;
 
 /// The statements a connection keeps prepared: every shape a group writes (a
 /// handful per table, see `binding::chunk_len`), and the reads.
@@ -134,7 +135,8 @@ impl Direct {
     /// connections enforce them, and retention's deletes, made there, cascade.
     pub(super) fn open(path: &Path, checkpoint_bytes: i64) -> Result<Self, StoreError> {
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-        let connection = Connection::open_with_flags(path, flags).map_err(|error| {
+        wal_vfs::register().map_err(StoreError::Backend)?;
+        let connection = Connection::open_with_flags_and_vfs(path, flags, wal_vfs::NAME).map_err(|error| {
             StoreError::Backend(format!("cannot open the store's writer on {}: {error}", path.display()))
         })?;
         // No busy handler: a taken write lock is waited for by `begin`, asleep.

@@ -11,7 +11,8 @@
 //! times, and `sql.rs` holds what these files share (the pool, column access).
 //! On SQLite the writer has a connection of its own that it uses in place, on its
 //! task (`direct.rs`), as do the reads every run's stream makes (the run, its
-//! events; `sql::Readers`); other reads use sqlx's pool. A write transaction
+//! events; `sql::Readers`); other reads use sqlx's pool. The writer's connection
+//! hands the WAL a commit's frames in one write (its VFS, `wal_vfs.rs`). A write transaction
 //! begins `IMMEDIATE` (no upgrade deadlocks). The writer keeps the committed row of
 //! every unfinished run, so a group reads only the runs it does not know yet (and
 //! not those it creates), and allocates each new run's integer key (`run_key`),
@@ -74,6 +75,7 @@ mod recent;
 pub(crate) use recent::write_json as recent_event_json;
 pub mod retention;
 mod sql;
+mod wal_vfs;
 mod writer;
 
 /// Migrations, in order, per backend.
