@@ -385,9 +385,13 @@ mod tests {
         assert_eq!(first("Count the words of 'the cat saw the dog'").as_deref(), Some("text_stats"));
         assert_eq!(first("How many words are in 'I have 2 cats'?").as_deref(), Some("text_stats"), "measuring first");
         assert_eq!(first("Which word appears most often in: the dog and the cat?").as_deref(), Some("text_stats"));
-        for arithmetic in
-            ["What is 17 times 23?", "What is 7.5% of 1,280?", "What is 4567 + 8910?", "What is 2 to the power of 10?"]
-        {
+        for arithmetic in [
+            "What is 17 times 23?",
+            "What is 7.5% of 1,280?",
+            "What is 4567 + 8910?",
+            "What is 2 to the power of 10?",
+            "What is the average of 12, 15 and 21?",
+        ] {
             assert_eq!(first(arithmetic).as_deref(), Some("calculate"), "{arithmetic}");
         }
         let others = [
@@ -399,6 +403,7 @@ mod tests {
             "Who is the main character of Hamlet?",
             "Translate the word 'hello' into French.",
             "Write one sentence about the year 1969 and the total eclipse.",
+            "What was the average rainfall in 2020?",
         ];
         for other in others {
             assert_eq!(first(other), None, "{other}: the model decides");

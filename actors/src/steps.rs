@@ -21,7 +21,10 @@
 //! calls, one step a turn, so a run resumed after a crash finds where it was.
 //!
 //! A step's call that fails (an error result, not a refusal of the hook chain)
-//! is made again, in the next turn, up to [`STEP_ATTEMPTS`] times in all.
+//! is made again, in the next turn, up to [`STEP_ATTEMPTS`] times in all, unless
+//! the tool refused its arguments (`invalid_args`: the same arguments would be
+//! refused again), and a later step may stand in for it (a condition that its
+//! result is `absent`).
 //!
 //! Which step comes next is read from the conversation alone, never stored: the
 //! steps are walked in order against the run's turns. A step whose reference
@@ -269,8 +272,9 @@ pub fn next_indexed(steps: &[AgentStep], input: &str, conversation: &[Message]) 
     None
 }
 
-/// Whether the call of `tool` in a turn's stretch of conversation failed (its
-/// result is an error; a call the hook chain refused is not tried again).
+/// Whether the call of `tool` in a turn's stretch of conversation failed in a
+/// way worth trying again (its result is an error, but not of arguments the tool
+/// refused; a call the hook chain refused is not tried again either).
 fn failed(turn: &[Message], tool: &str) -> bool {
     let Some(call) = turn.first().and_then(|reply| reply.tool_calls.iter().find(|call| call.name == tool)) else {
         return false;
@@ -279,6 +283,7 @@ fn failed(turn: &[Message], tool: &str) -> bool {
         message.role == Role::Tool
             && message.tool_call_id.as_deref() == Some(call.call_id.as_str())
             && message.content.starts_with("error (")
+            && !message.content.starts_with("error (invalid_args)")
     })
 }
 
@@ -558,6 +563,34 @@ mod tests {
         let analyze =
             NextStep::Call { tool: "analyze_email_content".into(), args: json!({"email_id": "x@y"}), attempt: 1 };
         assert_eq!(next(&steps, "q", &recovered), Some(analyze), "the second try succeeded: the steps go on");
+    }
+
+    #[test]
+    fn arguments_the_tool_refused_are_not_tried_again_and_a_later_step_stands_in() {
+        let steps: Vec<AgentStep> = serde_json::from_value(json!([
+            {"tool": "calculate", "args": {"expression": "{input}"}},
+            {"tool": "calculate", "model_writes": true, "when": {"field": "calculate.result", "absent": true}},
+            {"prompt": "Reply with {calculate.summary}"},
+        ]))
+        .unwrap();
+        let input = "What is 20 percent of the bill?";
+        let mut conversation = vec![Message::text(Role::User, input)];
+        conversation.push(call("c1", "calculate"));
+        conversation.push(Message::tool_result("c1", "error (invalid_args): \"bill\" is not arithmetic"));
+        let fixed = serde_json::Map::new();
+        assert_eq!(
+            next(&steps, input, &conversation),
+            Some(NextStep::Model { tool: "calculate".into(), fixed }),
+            "not the same arguments again: the model writes them"
+        );
+        let mut worked = conversation[..1].to_vec();
+        worked.push(call("c1", "calculate"));
+        worked.push(Message::tool_result("c1", json!({"summary": "17 × 23 = 391", "result": 391}).to_string()));
+        assert_eq!(
+            next(&steps, input, &worked),
+            Some(NextStep::Answer { prompt: "Reply with 17 × 23 = 391".into() }),
+            "the request's own words worked: the model does not write them"
+        );
     }
 
     #[test]

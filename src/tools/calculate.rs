@@ -2,8 +2,9 @@
 //! numbers, and divisions that come out whole, in 128-bit integers; the rest in
 //! `f64`, shown to 10 decimal places at most). It reads symbols (`+ - * / ^ ( )`,
 //! `%` as percent, `**`) and the words people write them with ("17 times 23",
-//! "15 percent of 240", "the square root of 81", "2 to the power of 10"), so a
-//! small model may pass on the request's own words. Pure and idempotent.
+//! "15 percent of 240", "20% off 80", "the square root of 81", "2 to the power of
+//! 10", "the average of 12, 15 and 21"), so it can be handed a request's own
+//! words. Pure and idempotent.
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
@@ -46,10 +47,15 @@ impl Tool for Calculate {
         true
     }
 
+    /// "Calculating 17 × 23", the expression as read when it can be (a request's
+    /// own words are shown as arithmetic), else as given.
     fn describe_start(&self, args: &Value) -> String {
         match args.get("expression").and_then(Value::as_str) {
-            Some(expression) => format!("Calculating {}", expression.trim()),
-            None => "Calculating".to_owned(),
+            Some(expression) if expression.chars().count() <= MAX_EXPRESSION => match evaluate(expression) {
+                Ok((shown, _)) => format!("Calculating {shown}"),
+                Err(_) => format!("Calculating {}", expression.trim()),
+            },
+            _ => "Calculating".to_owned(),
         }
     }
 
@@ -153,6 +159,12 @@ enum Token {
     Close,
     Percent,
     Sqrt,
+    /// "average" or "mean": the numbers after it, added up and divided by how
+    /// many there are (rewritten so by [`tokens`]).
+    Average,
+    /// "off", between a percentage and a number: the number less that
+    /// percentage of it (rewritten so by [`tokens`]).
+    Off,
 }
 
 impl Token {
@@ -164,6 +176,8 @@ impl Token {
             Token::Close => ")".to_owned(),
             Token::Percent => "%".to_owned(),
             Token::Sqrt => "√".to_owned(),
+            Token::Average => "average".to_owned(),
+            Token::Off => "off".to_owned(),
         }
     }
 }
@@ -303,6 +317,46 @@ fn tokens(text: &str) -> Result<Vec<Token>, String> {
             other => return Err(format!("{other:?} is not arithmetic")),
         }
     }
+    average(off(out)?)
+}
+
+/// `tokens` with "20% off 80" written out as `80 - 20% of 80` (in parentheses
+/// within a longer expression).
+fn off(mut tokens: Vec<Token>) -> Result<Vec<Token>, String> {
+    while let Some(at) = tokens.iter().position(|token| *token == Token::Off) {
+        let (Some(percent), Some(Token::Number(..))) = (at.checked_sub(2), tokens.get(at + 1)) else {
+            return Err("\"off\" goes between a percentage and a number (\"20% off 80\")".to_owned());
+        };
+        let [rate @ Token::Number(..), Token::Percent, _, whole] = &tokens[percent..at + 2] else {
+            return Err("\"off\" goes between a percentage and a number (\"20% off 80\")".to_owned());
+        };
+        let mut written = vec![whole.clone(), Token::Op('-'), rate.clone(), Token::Percent, whole.clone()];
+        if percent > 0 || at + 2 < tokens.len() {
+            written.insert(0, Token::Open);
+            written.push(Token::Close);
+        }
+        tokens.splice(percent..at + 2, written);
+    }
+    Ok(tokens)
+}
+
+/// `tokens` with "the average of 12, 15 and 21" written out as
+/// `(12 + 15 + 21) / 3`; an average of anything but a list of numbers is refused.
+fn average(tokens: Vec<Token>) -> Result<Vec<Token>, String> {
+    let Some(at) = tokens.iter().position(|token| *token == Token::Average) else { return Ok(tokens) };
+    let numbers = &tokens[at + 1..];
+    if at > 0 || numbers.is_empty() || !numbers.iter().all(|token| matches!(token, Token::Number(..))) {
+        return Err("an average is of a list of numbers (\"the average of 12, 15 and 21\")".to_owned());
+    }
+    let mut out = vec![Token::Open];
+    for (index, number) in numbers.iter().enumerate() {
+        if index > 0 {
+            out.push(Token::Op('+'));
+        }
+        out.push(number.clone());
+    }
+    let count = numbers.len() as i128;
+    out.extend([Token::Close, Token::Op('/'), Token::Number(Number::Whole(count), count.to_string())]);
     Ok(out)
 }
 
@@ -336,6 +390,8 @@ fn word_token(word: &str, out: &mut Vec<Token>) -> Result<(), String> {
         "sqrt" => out.push(Token::Sqrt),
         "pi" => out.push(Token::Number(Number::Real(std::f64::consts::PI), "π".to_owned())),
         "mod" | "modulo" => out.push(Token::Op('m')),
+        "average" | "mean" => out.push(Token::Average),
+        "off" => out.push(Token::Off),
         word if FILLER.contains(&word) => {}
         word => return Err(format!("{word:?} is not arithmetic")),
     }
@@ -547,6 +603,11 @@ mod tests {
             ("1,234 + 5,678", "6912"),
             ("$4.50 x 3", "13.5"),
             ("3 × 4 ÷ 2", "6"),
+            ("What is 20 percent off 80?", "64"),
+            ("25% off $60", "45"),
+            ("2 * 10% off 50", "90"),
+            ("What is the average of 12, 15 and 21?", "16"),
+            ("the mean of 1, 2, 3 and 5", "2.75"),
         ];
         for (expression, expected) in cases {
             assert_eq!(value(expression), expected, "{expression}");
@@ -577,6 +638,14 @@ mod tests {
         assert_eq!(error(&"(".repeat(200)), "the expression is nested too deeply");
         assert_eq!(error("?"), "no arithmetic in \"?\"");
         assert_eq!(error("3 4"), "unexpected 4 in \"3 4\"");
+        let average = "an average is of a list of numbers (\"the average of 12, 15 and 21\")";
+        assert_eq!(error("the average rainfall in 2020"), "\"rainfall\" is not arithmetic");
+        assert_eq!(error("2 + the average of 3 and 5"), average);
+        assert_eq!(error("the average of 3 + 5"), average);
+        let off = "\"off\" goes between a percentage and a number (\"20% off 80\")";
+        assert_eq!(error("20 off 80"), off);
+        assert_eq!(error("20% off"), off);
+        assert_eq!(error("off 80"), off);
     }
 
     #[tokio::test]
@@ -590,6 +659,14 @@ mod tests {
         let context = troupe_actors::testing::tool_context("default");
         let percent = Calculate.call(context, json!({"expression": "What is 15 percent of 240?"})).await;
         assert_eq!(percent.ok().map(|output| output.value["summary"].clone()), Some(json!("15% of 240 = 36")));
+        let context = troupe_actors::testing::tool_context("default");
+        let off = Calculate.call(context, json!({"expression": "What is 20 percent off 80?"})).await;
+        assert_eq!(off.ok().map(|output| output.value["summary"].clone()), Some(json!("80 - 20% of 80 = 64")));
+        let context = troupe_actors::testing::tool_context("default");
+        let mean = Calculate.call(context, json!({"expression": "the average of 12, 15 and 21"})).await;
+        assert_eq!(mean.ok().map(|output| output.value["summary"].clone()), Some(json!("(12 + 15 + 21) ÷ 3 = 16")));
+        assert_eq!(Calculate.describe_start(&json!({"expression": "What is 17 times 23?"})), "Calculating 17 × 23");
+        assert_eq!(Calculate.describe_start(&json!({"expression": "17 apples"})), "Calculating 17 apples");
         let context = troupe_actors::testing::tool_context("default");
         let refused = Calculate.call(context, json!({"expression": "1/0"})).await;
         assert!(matches!(refused, Err(ToolError::InvalidArgs(why)) if why == "division by zero"));

@@ -2,7 +2,8 @@
 //! a request to measure texts it quotes gets those texts measured by the runtime,
 //! each on its own and added up, and the model only answers, the figures given
 //! right before; one that quotes nothing has the model write the call first; an
-//! arithmetic request has the model write the expression for `calculate`.
+//! arithmetic request is handed to `calculate` in its own words, and the model
+//! writes the expression only when those cannot be read.
 
 use std::sync::Arc;
 
@@ -82,17 +83,42 @@ async fn a_text_in_no_quotes_is_written_into_the_call_by_the_model() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn arithmetic_is_written_by_the_model_and_answered_from_the_exact_result() {
-    let call = calls(&[("calculate", json!({"expression": "17 * 23"}))]);
-    let answer = "17 times 23 is 391.";
-    let (status, output, measured, requests) = run("What is 17 times 23?", vec![call, text(answer)]).await;
+async fn arithmetic_in_the_requests_own_words_is_worked_out_by_the_runtime() {
+    for (input, exact) in [
+        ("What is 17 times 23?", "(17 × 23 = 391)"),
+        ("What is 20 percent off 80?", "80 - 20% of 80 = 64"),
+        ("What is the average of 12, 15 and 21?", "(12 + 15 + 21) ÷ 3 = 16"),
+    ] {
+        let answer = format!("The answer: {exact}.");
+        let (status, output, measured, requests) = run(input, vec![text(&answer)]).await;
+        assert_eq!((status, output.as_str()), (RunStatus::Succeeded, answer.as_str()), "{input}");
+        assert!(measured.is_empty(), "nothing is measured as a text");
+        assert_eq!(requests.len(), 1, "{input}: the model is asked only for the answer");
+        assert_eq!(requests[0].tool_choice, ToolChoice::None);
+        let asked = &requests[0].messages.last().unwrap().content;
+        assert!(asked.contains(exact), "the exact result, right before the answer: {asked}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn arithmetic_the_runtime_cannot_read_is_written_by_the_model() {
+    let call = calls(&[("calculate", json!({"expression": "15% of 80"}))]);
+    let answer = "The tip is $12.";
+    let (status, output, _, requests) =
+        run("What is a 15 percent tip on a bill of $80?", vec![call, text(answer)]).await;
     assert_eq!((status, output.as_str()), (RunStatus::Succeeded, answer));
-    assert!(measured.is_empty(), "nothing is measured as a text");
     assert_eq!(requests.len(), 2);
     assert_eq!(requests[0].tool_choice, ToolChoice::Tool("calculate".into()), "the model writes the expression");
     assert_eq!(requests[1].tool_choice, ToolChoice::None);
     let asked = &requests[1].messages.last().unwrap().content;
-    assert!(asked.contains("(17 × 23 = 391)"), "the exact result, right before the answer: {asked}");
+    assert!(asked.contains("(15% of 80 = 12)"), "the exact result, right before the answer: {asked}");
+
+    // "average" without "of" is no calculation: the model answers alone.
+    let (status, output, _, requests) =
+        run("What was the average rainfall in 2020?", vec![text("About 600 mm.")]).await;
+    assert_eq!((status, output.as_str()), (RunStatus::Succeeded, "About 600 mm."));
+    assert_eq!(requests.len(), 1);
+    assert_eq!(requests[0].tool_choice, ToolChoice::Auto);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
