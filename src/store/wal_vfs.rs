@@ -13,8 +13,13 @@
 //! frame is visible to other connections (readers, the checkpoint) only once the
 //! committing connection has published the commit in the WAL index, which it
 //! does after writing the commit frame, so after this file wrote everything it
-//! held. Frames a transaction wrote before its commit (a page cache spilling) and
-//! never committed are written before the connection releases a lock of the WAL
+//! held. What SQLite writes after the commit frame and before the transaction's
+//! WAL-index lock changes (frame headers whose checksums it rewrites when the
+//! transaction wrote a page twice, padding frames under `synchronous = FULL`) is
+//! written at once, and the database file's barrier, which comes before the
+//! publication, writes anything still held (the tests check that nothing is).
+//! Frames a transaction wrote before its commit (a page cache spilling) and
+//! never committed are written before the connection changes a lock of the WAL
 //! index (the database file's `xShmLock`), so before another connection may write
 //! to the WAL. Anything else done to the WAL (a read, a sync, a truncation, its
 //! size, a file control, closing it, a write that does not follow the last)
@@ -50,6 +55,11 @@ struct WalFile {
     /// The last write was a commit frame's header: the next (its page) ends the
     /// transaction's frames.
     commit_page_next: bool,
+    /// The transaction's commit frame is written: what SQLite writes until the
+    /// WAL-index lock changes (its checksums rewritten in frame headers, padding)
+    /// is written at once, since the commit may be published before any other
+    /// call reaches this file.
+    committed: bool,
     /// The database file of the same connection, which SQLite closes after this.
     database: *mut DatabaseFile,
 }
@@ -168,6 +178,7 @@ unsafe extern "C" fn open(
             held: Vec::new(),
             start: 0,
             commit_page_next: false,
+            committed: false,
             database,
         };
         ptr::write(file.cast::<WalFile>(), wal);
@@ -213,13 +224,19 @@ unsafe extern "C" fn wal_write(file: *mut ffi::sqlite3_file, data: *const c_void
         let bytes = std::slice::from_raw_parts(data.cast::<u8>(), length);
         let wal = &mut *file.cast::<WalFile>();
         let follows = wal.start + wal.held.len() as i64 == offset;
-        if !wal.held.is_empty() && (!follows || wal.held.len() + length > MAX_HELD) {
+        if !wal.held.is_empty() && (!follows || wal.held.len() + length > MAX_HELD || wal.committed) {
             let code = write_held(file);
             if code != ffi::SQLITE_OK {
                 return code;
             }
         }
         let wal = &mut *file.cast::<WalFile>();
+        if wal.committed || length > MAX_HELD {
+            return match methods(file).xWrite {
+                Some(write) => write(inner(file), data, amount, offset),
+                None => ffi::SQLITE_IOERR_WRITE,
+            };
+        }
         if wal.held.is_empty() {
             wal.start = offset;
         }
@@ -228,7 +245,11 @@ unsafe extern "C" fn wal_write(file: *mut ffi::sqlite3_file, data: *const c_void
         // commit frame, 0 for any other.
         let commit_header = amount == FRAME_HEADER && bytes[4..8] != [0; 4];
         let ends = std::mem::replace(&mut wal.commit_page_next, commit_header) && !commit_header;
-        if ends { write_held(file) } else { ffi::SQLITE_OK }
+        if !ends {
+            return ffi::SQLITE_OK;
+        }
+        wal.committed = true;
+        write_held(file)
     }
 }
 
@@ -361,15 +382,31 @@ forward!(unfetch, xUnfetch, nothing, ffi::SQLITE_OK, (offset: i64, page: *mut c_
 forward!(shm_lock, xShmLock, nothing, ffi::SQLITE_IOERR_SHMLOCK, (offset: c_int, count: c_int, flags: c_int));
 forward!(database_shm_lock, xShmLock, write_held_wal_first, ffi::SQLITE_IOERR_SHMLOCK, (offset: c_int, count: c_int, flags: c_int));
 
-/// Before a lock of the WAL index changes: writes what the WAL holds. That can
-/// only be frames of a transaction that did not commit (a commit's are written
-/// with its commit frame), which no connection will read: if the write fails,
-/// they are dropped, and the lock changes all the same (an unlock must).
+/// Before a lock of the WAL index changes (a transaction begins or ends): writes
+/// what the WAL holds, and ends its transaction's `committed` stretch. What it
+/// holds then can only be frames of a transaction that did not commit (a
+/// commit's are written with its commit frame, and whatever follows them at
+/// once), which no connection will read: if the write fails, they are dropped,
+/// and the lock changes all the same (an unlock must).
 unsafe fn write_held_wal_first(file: *mut ffi::sqlite3_file) -> c_int {
-    // SAFETY: SQLite passes an open file of this VFS.
-    let _ = unsafe { write_held_wal(file) };
+    // SAFETY: SQLite passes an open file of this VFS; its WAL is open while linked.
+    unsafe {
+        let code = write_held_wal(file);
+        if code != ffi::SQLITE_OK {
+            tracing::warn!(code, "frames of a transaction that did not commit could not be written to the WAL");
+        }
+        let wal = (*file.cast::<DatabaseFile>()).wal;
+        if !wal.is_null() {
+            (*wal.cast::<WalFile>()).committed = false;
+        }
+    }
     ffi::SQLITE_OK
 }
+
+/// Barriers that found frames held (none should: a commit is published after a
+/// barrier, and its frames are written before; the tests check it stays 0).
+#[cfg(test)]
+static HELD_AT_BARRIER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 unsafe extern "C" fn shm_barrier(file: *mut ffi::sqlite3_file) {
     // SAFETY: SQLite passes an open file of this VFS.
@@ -377,6 +414,25 @@ unsafe extern "C" fn shm_barrier(file: *mut ffi::sqlite3_file) {
         if let Some(barrier) = methods(file).xShmBarrier {
             barrier(inner(file));
         }
+    }
+}
+
+/// The database's barrier, which SQLite passes before it publishes a commit in
+/// the WAL index: should the WAL hold anything then, it is written first (a
+/// barrier cannot fail: an error is logged).
+unsafe extern "C" fn database_shm_barrier(file: *mut ffi::sqlite3_file) {
+    // SAFETY: SQLite passes an open file of this VFS; its WAL is open while linked.
+    unsafe {
+        let wal = (*file.cast::<DatabaseFile>()).wal;
+        if !wal.is_null() && !(*wal.cast::<WalFile>()).held.is_empty() {
+            #[cfg(test)]
+            HELD_AT_BARRIER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let code = write_held(wal);
+            if code != ffi::SQLITE_OK {
+                tracing::error!(code, "frames held for the WAL could not be written before a commit was published");
+            }
+        }
+        shm_barrier(file);
     }
 }
 
@@ -421,7 +477,7 @@ static DATABASE_METHODS: ffi::sqlite3_io_methods = ffi::sqlite3_io_methods {
     xDeviceCharacteristics: Some(device),
     xShmMap: Some(shm_map),
     xShmLock: Some(database_shm_lock),
-    xShmBarrier: Some(shm_barrier),
+    xShmBarrier: Some(database_shm_barrier),
     xShmUnmap: Some(shm_unmap),
     xFetch: Some(database_fetch),
     xUnfetch: Some(unfetch),
@@ -514,6 +570,45 @@ mod tests {
         let check: String = fresh.query_row("PRAGMA integrity_check", [], |row| row.get(0)).unwrap();
         assert_eq!(check, "ok");
         drop((writer, reader, setup, fresh));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// A transaction that writes a spilled page again rewrites its frames'
+    /// checksums after its commit frame, the commit frame's header last: that
+    /// header is in the file before the commit is published, not held until the
+    /// transaction's lock is released (nothing is held at any barrier).
+    #[test]
+    fn frames_rewritten_after_the_commit_frame_are_written_before_it_is_published() {
+        register().unwrap();
+        let dir = std::env::temp_dir().join(format!("troupe-wal-vfs-{}", uuid::Uuid::now_v7()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("store.db");
+        let setup = Connection::open(&path).unwrap();
+        setup.execute_batch("PRAGMA journal_mode = WAL; CREATE TABLE rows (body TEXT NOT NULL);").unwrap();
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let writer = Connection::open_with_flags_and_vfs(&path, flags, NAME).unwrap();
+        writer
+            .execute_batch("PRAGMA synchronous = NORMAL; PRAGMA cache_size = 16; PRAGMA wal_autocheckpoint = 0;")
+            .unwrap();
+        for _ in 0..100 {
+            writer.execute("INSERT INTO rows (body) VALUES (?1)", ["a".repeat(1000)]).unwrap();
+        }
+        let before = HELD_AT_BARRIER.load(std::sync::atomic::Ordering::Relaxed);
+        writer.execute_batch("BEGIN").unwrap();
+        for round in 0..5 {
+            writer.execute("UPDATE rows SET body = ?1", [format!("{round}").repeat(1000)]).unwrap();
+        }
+        writer.execute_batch("COMMIT").unwrap();
+        assert_eq!(HELD_AT_BARRIER.load(std::sync::atomic::Ordering::Relaxed), before, "nothing held at a barrier");
+
+        let copy = dir.join("copy.db");
+        std::fs::copy(&path, &copy).unwrap();
+        std::fs::copy(dir.join("store.db-wal"), dir.join("copy.db-wal")).unwrap();
+        let fresh = Connection::open(&copy).unwrap();
+        let last: i64 =
+            fresh.query_row("SELECT COUNT(*) FROM rows WHERE body LIKE '4%'", [], |row| row.get(0)).unwrap();
+        assert_eq!(last, 100, "the WAL's frames recover the transaction");
+        drop((writer, setup, fresh));
         let _ = std::fs::remove_dir_all(dir);
     }
 }
