@@ -495,6 +495,25 @@ mod tests {
         connection.query_row("SELECT COUNT(*) FROM rows", [], |row| row.get(0)).unwrap()
     }
 
+    /// A database in a directory of its own, with a table of rows: its
+    /// directory, its path, a connection of the default VFS and one of this VFS
+    /// (a small page cache, so that a large transaction spills frames to the WAL
+    /// before its commit; no automatic checkpoint, so the WAL keeps them).
+    fn store() -> (std::path::PathBuf, std::path::PathBuf, Connection, Connection) {
+        register().unwrap();
+        let dir = std::env::temp_dir().join(format!("troupe-wal-vfs-{}", uuid::Uuid::now_v7()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("store.db");
+        let setup = Connection::open(&path).unwrap();
+        setup.execute_batch("PRAGMA journal_mode = WAL; CREATE TABLE rows (body TEXT NOT NULL);").unwrap();
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let writer = Connection::open_with_flags_and_vfs(&path, flags, NAME).unwrap();
+        writer
+            .execute_batch("PRAGMA synchronous = NORMAL; PRAGMA cache_size = 16; PRAGMA wal_autocheckpoint = 0;")
+            .unwrap();
+        (dir, path, setup, writer)
+    }
+
     /// What a connection of this VFS commits is in the WAL file when `COMMIT`
     /// returns: another connection (of the default VFS) sees it, and so does a
     /// database opened afresh from the files, which recovers the WAL from its
@@ -504,20 +523,7 @@ mod tests {
     /// must never count, nor land over what another connection writes next).
     #[test]
     fn commits_reach_the_wal_whole_and_in_order() {
-        register().unwrap();
-        let dir = std::env::temp_dir().join(format!("troupe-wal-vfs-{}", uuid::Uuid::now_v7()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("store.db");
-        let setup = Connection::open(&path).unwrap();
-        setup.execute_batch("PRAGMA journal_mode = WAL; CREATE TABLE rows (body TEXT NOT NULL);").unwrap();
-
-        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-        let writer = Connection::open_with_flags_and_vfs(&path, flags, NAME).unwrap();
-        // A small page cache, so that a large transaction spills frames to the
-        // WAL before its commit; no automatic checkpoint, so the WAL keeps them.
-        writer
-            .execute_batch("PRAGMA synchronous = NORMAL; PRAGMA cache_size = 16; PRAGMA wal_autocheckpoint = 0;")
-            .unwrap();
+        let (dir, path, setup, writer) = store();
         let reader = Connection::open_with_flags(&path, OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
 
         let mut committed = 0;
@@ -579,17 +585,7 @@ mod tests {
     /// transaction's lock is released (nothing is held at any barrier).
     #[test]
     fn frames_rewritten_after_the_commit_frame_are_written_before_it_is_published() {
-        register().unwrap();
-        let dir = std::env::temp_dir().join(format!("troupe-wal-vfs-{}", uuid::Uuid::now_v7()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("store.db");
-        let setup = Connection::open(&path).unwrap();
-        setup.execute_batch("PRAGMA journal_mode = WAL; CREATE TABLE rows (body TEXT NOT NULL);").unwrap();
-        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-        let writer = Connection::open_with_flags_and_vfs(&path, flags, NAME).unwrap();
-        writer
-            .execute_batch("PRAGMA synchronous = NORMAL; PRAGMA cache_size = 16; PRAGMA wal_autocheckpoint = 0;")
-            .unwrap();
+        let (dir, path, setup, writer) = store();
         for _ in 0..100 {
             writer.execute("INSERT INTO rows (body) VALUES (?1)", ["a".repeat(1000)]).unwrap();
         }
