@@ -178,7 +178,9 @@ unsafe extern "C" fn open(
             held: Vec::new(),
             start: 0,
             commit_page_next: false,
-            committed: false,
+            // A WAL with no database file of this VFS (none such is opened) is
+            // never told that a transaction ended: it holds nothing.
+            committed: database.is_null(),
             database,
         };
         ptr::write(file.cast::<WalFile>(), wal);
@@ -604,6 +606,34 @@ mod tests {
         let last: i64 =
             fresh.query_row("SELECT COUNT(*) FROM rows WHERE body LIKE '4%'", [], |row| row.get(0)).unwrap();
         assert_eq!(last, 100, "the WAL's frames recover the transaction");
+        drop((writer, setup, fresh));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// Under `synchronous = FULL` on a device without powersafe overwrites, a
+    /// commit pads the WAL to a sector with copies of its commit frame, the last
+    /// one split around a sync: they are written at once too, before the commit
+    /// is published.
+    #[test]
+    fn padding_frames_are_written_before_the_commit_is_published() {
+        let (dir, path, setup, writer) = store();
+        drop(writer);
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI;
+        let uri = format!("file:{}?psow=0", path.display());
+        let writer = Connection::open_with_flags_and_vfs(&uri, flags, NAME).unwrap();
+        writer.execute_batch("PRAGMA synchronous = FULL; PRAGMA wal_autocheckpoint = 0;").unwrap();
+        let before = HELD_AT_BARRIER.load(std::sync::atomic::Ordering::Relaxed);
+        for round in 0..20 {
+            writer.execute("INSERT INTO rows (body) VALUES (?1)", [format!("row {round}").repeat(50)]).unwrap();
+        }
+        assert_eq!(HELD_AT_BARRIER.load(std::sync::atomic::Ordering::Relaxed), before, "nothing held at a barrier");
+        let copy = dir.join("copy.db");
+        std::fs::copy(&path, &copy).unwrap();
+        std::fs::copy(dir.join("store.db-wal"), dir.join("copy.db-wal")).unwrap();
+        let fresh = Connection::open(&copy).unwrap();
+        assert_eq!(count(&fresh), 20, "the WAL's frames recover every commit");
+        let check: String = fresh.query_row("PRAGMA integrity_check", [], |row| row.get(0)).unwrap();
+        assert_eq!(check, "ok");
         drop((writer, setup, fresh));
         let _ = std::fs::remove_dir_all(dir);
     }
