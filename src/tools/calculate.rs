@@ -51,9 +51,9 @@ impl Tool for Calculate {
     /// own words are shown as arithmetic), else as given.
     fn describe_start(&self, args: &Value) -> String {
         match args.get("expression").and_then(Value::as_str) {
-            Some(expression) if expression.chars().count() <= MAX_EXPRESSION => match evaluate(expression) {
-                Ok((shown, _)) => format!("Calculating {shown}"),
-                Err(_) => format!("Calculating {}", expression.trim()),
+            Some(expression) if expression.chars().count() <= MAX_EXPRESSION => match tokens(expression) {
+                Ok(tokens) if !tokens.is_empty() => format!("Calculating {}", show(&tokens)),
+                _ => format!("Calculating {}", expression.trim()),
             },
             _ => "Calculating".to_owned(),
         }
@@ -324,10 +324,10 @@ fn tokens(text: &str) -> Result<Vec<Token>, String> {
 /// within a longer expression).
 fn off(mut tokens: Vec<Token>) -> Result<Vec<Token>, String> {
     while let Some(at) = tokens.iter().position(|token| *token == Token::Off) {
-        let (Some(percent), Some(Token::Number(..))) = (at.checked_sub(2), tokens.get(at + 1)) else {
-            return Err("\"off\" goes between a percentage and a number (\"20% off 80\")".to_owned());
-        };
-        let [rate @ Token::Number(..), Token::Percent, _, whole] = &tokens[percent..at + 2] else {
+        let percent = at.saturating_sub(2);
+        let Some([rate @ Token::Number(..), Token::Percent, Token::Off, whole @ Token::Number(..)]) =
+            tokens.get(percent..at + 2)
+        else {
             return Err("\"off\" goes between a percentage and a number (\"20% off 80\")".to_owned());
         };
         let mut written = vec![whole.clone(), Token::Op('-'), rate.clone(), Token::Percent, whole.clone()];
