@@ -7,6 +7,7 @@
 //! TROUPE_BENCH_PG_URL=postgres://user@host:5432/postgres cargo bench --bench daemon
 //! cargo bench --bench daemon -- 0 2000 cluster  # 1, 2, 3 daemons on one PostgreSQL, then 20 takeovers
 //! TROUPE_BENCH_WRAP="valgrind --tool=callgrind" cargo bench --bench daemon -- 100 0 sqlite  # the daemon under a tool
+//! TROUPE_SERVER__WORKER_THREADS=2 cargo bench --bench daemon -- 1000 4000 sqlite  # the daemon (and floor) on 2 workers
 //! ```
 //!
 //! Three processes: this driver, `troupe serve` (the release binary of this

@@ -361,6 +361,18 @@ mod tests {
     }
 
     #[test]
+    fn the_daemon_runs_on_one_worker_unless_told_otherwise() {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        assert_eq!(Config::load(None, env(&[])).unwrap().server.workers(), 1);
+        let per_core = Config::load(None, env(&[("TROUPE_SERVER__WORKER_THREADS", "0")])).unwrap();
+        assert_eq!(per_core.server.workers(), cores);
+        let four = Config::load(Some(("user.toml", "[server]\nworker_threads = 4\n")), env(&[])).unwrap();
+        assert_eq!(four.server.workers(), 4);
+        let error = Config::load(None, env(&[("TROUPE_SERVER__WORKER_THREADS", "-1")])).unwrap_err().to_string();
+        assert!(error.contains("TROUPE_SERVER__WORKER_THREADS") || error.contains("worker_threads"), "{error}");
+    }
+
+    #[test]
     fn an_unknown_environment_key_is_rejected_by_name() {
         let error = Config::load(None, env(&[("TROUPE_SERVER__BINDD", "x")])).unwrap_err().to_string();
         assert!(error.contains("TROUPE_SERVER__BINDD") && error.contains("bindd"), "{error}");

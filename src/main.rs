@@ -531,10 +531,11 @@ fn in_process(
         _ => config_file,
     };
     let mut config = setup::load_config(Overrides { config_file, data_dir, bind }, &env)?;
-    // tokio's default, one worker per core (`TOKIO_WORKER_THREADS` sets the number):
-    // on 2 cores with a SQLite store, one worker spends less CPU a turn with one
-    // client, two carry 25 – 40 % more turns a second with 50 runs in flight (BENCHMARKS.md).
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    // `[server] worker_threads`, one by default: on 2 cores a second worker costs
+    // 20 – 25 % more CPU a turn with one client (its wake-ups) and carries no more
+    // turns a second with 50 runs in flight (BENCHMARKS.md).
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(config.server.workers()).enable_all().build()?;
     let agents_dir = setup::agents_dir(agents_dir);
     if let Command::Config { command: ConfigCommand::Check { .. } } = command {
         // Model clients are built as serve builds them, inside a runtime.

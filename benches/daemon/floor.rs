@@ -7,7 +7,8 @@
 //! the run's events as the daemon does: four bursts of SSE frames of the daemon's
 //! sizes, one after the run starts, one after each model reply, one after the
 //! tool results. No actors, no store, no tools, no review, no logging. Same
-//! runtime (tokio's multi-thread scheduler, one worker per core), same allocator
+//! runtime (tokio's multi-thread scheduler with the daemon's default of one
+//! worker, `TROUPE_SERVER__WORKER_THREADS` as the daemon reads it), same allocator
 //! (jemalloc), same HTTP server (hyper through axum, `TCP_NODELAY`).
 
 use std::collections::HashMap;
@@ -49,7 +50,13 @@ struct Floor {
 
 /// Serves until killed; prints `troupe listening on <base>` as the daemon does.
 pub fn serve(model_base: &str) {
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("a runtime");
+    let workers = match std::env::var("TROUPE_SERVER__WORKER_THREADS").ok().and_then(|value| value.parse().ok()) {
+        Some(0) => std::thread::available_parallelism().map_or(1, usize::from),
+        Some(workers) => workers,
+        None => 1,
+    };
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build().expect("a runtime");
     runtime.block_on(async {
         let address = model_base.trim_start_matches("http://");
         let (host, path) = address.split_once('/').unwrap_or((address, ""));

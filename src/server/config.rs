@@ -40,6 +40,10 @@ pub struct ServerConfig {
     pub cors_origins: Vec<String>,
     /// Serve the web page at `/`.
     pub web: bool,
+    /// Threads that run the daemon's own work (HTTP, the actors, the store's
+    /// writer); 0: one per core. The local model and SQLite's checkpoints have
+    /// threads of their own.
+    pub worker_threads: usize,
 }
 
 impl Default for ServerConfig {
@@ -58,6 +62,7 @@ impl Default for ServerConfig {
             metrics_token_sha256: None,
             cors_origins: Vec::new(),
             web: true,
+            worker_threads: 1,
         }
     }
 }
@@ -84,6 +89,14 @@ pub(crate) struct Timing {
 }
 
 impl ServerConfig {
+    /// The number of worker threads [`Self::worker_threads`] asks for.
+    pub fn workers(&self) -> usize {
+        match self.worker_threads {
+            0 => std::thread::available_parallelism().map_or(1, usize::from),
+            threads => threads,
+        }
+    }
+
     pub(crate) fn timing(&self) -> Result<Timing, ServeError> {
         let seconds = |name: &str, value: f64| {
             Duration::try_from_secs_f64(value)
