@@ -7,8 +7,8 @@
 //! the run's events as the daemon does: four bursts of SSE frames of the daemon's
 //! sizes, one after the run starts, one after each model reply, one after the
 //! tool results. No actors, no store, no tools, no review, no logging. Same
-//! runtime (tokio's multi-thread scheduler with the daemon's default of one
-//! worker, `TROUPE_SERVER__WORKER_THREADS` as the daemon reads it), same allocator
+//! runtime (tokio's multi-thread scheduler with as many workers as the daemon,
+//! `[server] worker_threads` read from the environment as the daemon reads it), same allocator
 //! (jemalloc), same HTTP server (hyper through axum, `TCP_NODELAY`).
 
 use std::collections::HashMap;
@@ -50,11 +50,8 @@ struct Floor {
 
 /// Serves until killed; prints `troupe listening on <base>` as the daemon does.
 pub fn serve(model_base: &str) {
-    let workers = match std::env::var("TROUPE_SERVER__WORKER_THREADS").ok().and_then(|value| value.parse().ok()) {
-        Some(0) => std::thread::available_parallelism().map_or(1, usize::from),
-        Some(workers) => workers,
-        None => 1,
-    };
+    let config = troupe::config::Config::load(None, std::env::vars()).expect("the daemon's settings");
+    let workers = config.server.workers();
     let runtime =
         tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build().expect("a runtime");
     runtime.block_on(async {
