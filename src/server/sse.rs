@@ -131,8 +131,9 @@ struct BlockView {
     sent: bool,
 }
 
-/// At most this many events that are ready at once go out before one block frame.
-const BLOCK_BATCH: usize = 256;
+/// At most this many events that are ready at once go out in one chunk (before
+/// one block frame, in the block view).
+const READY_BATCH: usize = 256;
 
 impl BlockView {
     fn new(after: u64) -> Self {
@@ -172,14 +173,14 @@ impl BlockView {
 /// What the subscription gave next.
 type Next = Option<Result<Arc<RunEvent>, StoreError>>;
 
-/// `first` and the events ready after it (up to [`BLOCK_BATCH`]); what ended the
+/// `first` and the events ready after it (up to [`READY_BATCH`]); what ended the
 /// batch early (an error, the end) comes back to be handled next.
 fn ready_batch(
     first: Arc<RunEvent>,
     events: &mut BoxStream<'static, Result<Arc<RunEvent>, StoreError>>,
 ) -> (Vec<Arc<RunEvent>>, Option<Next>) {
     let mut batch = vec![first];
-    while batch.len() < BLOCK_BATCH {
+    while batch.len() < READY_BATCH {
         match events.next().now_or_never() {
             Some(Some(Ok(event))) => batch.push(event),
             Some(other) => return (batch, Some(other)),
@@ -197,10 +198,10 @@ impl OpenStream {
     }
 }
 
-/// SSE frames of a subscription, until `run_end` or shutdown, in batches (an
-/// event and its block, in one frame). A store failure mid-stream sends one
-/// `stream_error` event (no id: it is not a run event) and ends the stream; the
-/// client reconnects with its last id.
+/// SSE frames of a subscription, until `run_end` or shutdown, in batches (the
+/// events ready together, and in the block view their block, in one chunk). A
+/// store failure mid-stream sends one `stream_error` event (no id: it is not a
+/// run event) and ends the stream; the client reconnects with its last id.
 fn frames(
     events: BoxStream<'static, Result<Arc<RunEvent>, StoreError>>,
     open: OpenStream,
@@ -234,7 +235,18 @@ fn frames(
                         let last = batch.iter().rev().find(|event| event.seq > block.after).cloned();
                         (frames, last)
                     }
-                    None => (frame(&event), Some(event)),
+                    None => {
+                        // The events ready together go out as one chunk: one
+                        // write and one chunk header for a commit's events, not
+                        // one of each per event.
+                        let (batch, pending) = ready_batch(event, &mut events);
+                        open.pending = pending;
+                        let mut frames = Frames::new();
+                        for event in &batch {
+                            frames.push_event(&event.seq, event);
+                        }
+                        (frames.into_bytes(), batch.last().cloned())
+                    }
                 };
                 if let Some(last) = last {
                     open.sent = Some(matches!(last.kind, EventKind::RunEnd { .. }));
@@ -264,10 +276,6 @@ pub const STREAM_ERROR: &str = "stream_error";
 
 /// The SSE event name of a reasoning block frame (`view=block`).
 pub const BLOCK: &str = "block";
-
-fn frame(event: &Arc<RunEvent>) -> Bytes {
-    event_stream::event_frame(&event.seq, event)
-}
 
 /// Where a thread stream resumes: `RUN_ID:SEQ`, the id of the last event received.
 #[derive(Debug, Deserialize, IntoParams)]
