@@ -226,21 +226,17 @@ fn frames(
         };
         match next {
             Some(Ok(event)) => {
+                // The events ready together go out as one chunk: one write and
+                // one chunk header for a commit's events, not one of each per event.
+                let (batch, pending) = ready_batch(event, &mut events);
+                open.pending = pending;
                 let (frames, last) = match open.block.as_mut() {
                     Some(block) => {
-                        let (batch, pending) = ready_batch(event, &mut events);
-                        open.pending = pending;
                         // Framed first: an event held once is encoded in place.
                         let frames = block.frames(&batch).into_bytes();
-                        let last = batch.iter().rev().find(|event| event.seq > block.after).cloned();
-                        (frames, last)
+                        (frames, batch.iter().rev().find(|event| event.seq > block.after).cloned())
                     }
                     None => {
-                        // The events ready together go out as one chunk: one
-                        // write and one chunk header for a commit's events, not
-                        // one of each per event.
-                        let (batch, pending) = ready_batch(event, &mut events);
-                        open.pending = pending;
                         let mut frames = Frames::new();
                         for event in &batch {
                             frames.push_event(&event.seq, event);
