@@ -20,8 +20,16 @@ use crate::store::{RunStore, StoreError};
 /// Events read from the store per round trip while replaying.
 const REPLAY_BATCH: usize = 256;
 
-/// How many of a run's first events the hub keeps (see [`EventHub::begin`]).
-const FIRST_EVENTS: usize = 8;
+/// How many of a run's first events the hub keeps (see [`EventHub::begin`]): a
+/// run of a few turns (tool calls, a streamed answer) that a client follows right
+/// after submitting it. A client's request to follow comes a few commits into
+/// such a run; with fewer kept, most streams began with a read of the store.
+const FIRST_EVENTS: usize = 64;
+
+/// How many events the hub keeps at most, all runs together: runs in flight by
+/// the thousand keep only what this allows (the others' streams start from the
+/// store), so the memory stays bounded.
+const KEPT_EVENTS: usize = 16 * 1024;
 
 /// The per-run live channels. They carry `Arc`s: a slot costs a pointer, not an
 /// event, and every subscriber shares one copy of each event.
@@ -36,6 +44,8 @@ pub struct EventHub {
     remote: std::sync::atomic::AtomicBool,
     /// The first events of live runs started here, while they are few.
     first: DashMap<RunId, FirstEvents>,
+    /// The events `first` holds, all runs together (at most [`KEPT_EVENTS`]).
+    kept: Budget,
 }
 
 /// A run's events from seq 1 on, every one published so far, and whose run it is.
@@ -49,17 +59,35 @@ struct FirstEvents {
 impl FirstEvents {
     /// Takes `event` if it is the next one; `false` if it cannot be kept (too
     /// many, or one is missing): the run's streams then start from the store.
-    fn keep(&mut self, event: &Arc<RunEvent>) -> bool {
+    fn keep(&mut self, event: &Arc<RunEvent>, budget: &Budget) -> bool {
         let last = self.events.last().map_or(0, |kept| kept.seq);
         if event.seq <= last {
             // Published again (a restarted session publishes what it read back).
             return true;
         }
-        if event.seq != last + 1 || self.events.len() == FIRST_EVENTS {
+        if event.seq != last + 1 || self.events.len() == FIRST_EVENTS || !budget.take(1) {
             return false;
         }
         self.events.push(event.clone());
         true
+    }
+}
+
+/// The count of events the hub keeps, all runs together.
+#[derive(Default)]
+struct Budget(std::sync::atomic::AtomicUsize);
+
+impl Budget {
+    /// Counts `events` more kept, unless that would pass [`KEPT_EVENTS`].
+    fn take(&self, events: usize) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.0.fetch_update(Relaxed, Relaxed, |kept| Some(kept + events).filter(|total| *total <= KEPT_EVENTS)).is_ok()
+    }
+
+    /// Counts `events` fewer kept.
+    fn give_back(&self, events: usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let _ = self.0.fetch_update(Relaxed, Relaxed, |kept| Some(kept.saturating_sub(events)));
     }
 }
 
@@ -85,6 +113,7 @@ impl EventHub {
             closed: Default::default(),
             remote: Default::default(),
             first: DashMap::new(),
+            kept: Budget::default(),
         }
     }
 
@@ -99,11 +128,13 @@ impl EventHub {
             || self.closed.load(std::sync::atomic::Ordering::SeqCst)
             || events.len() > FIRST_EVENTS
             || !events.iter().enumerate().all(|(index, event)| event.seq == index as u64 + 1)
+            || !self.kept.take(events.len())
         {
             return;
         }
         let events = events.iter().cloned().map(Arc::new).collect();
-        self.first.insert(run_id, FirstEvents { tenant: tenant.to_owned(), events, stored: false });
+        let replaced = self.first.insert(run_id, FirstEvents { tenant: tenant.to_owned(), events, stored: false });
+        self.kept.give_back(replaced.map_or(0, |first| first.events.len()));
     }
 
     /// The run [`begin`](Self::begin) was called for is stored: its kept events
@@ -118,7 +149,22 @@ impl EventHub {
     /// that loads its run from the store calls it (the session before it may have
     /// committed events it never published).
     pub fn forget(&self, run_id: RunId) {
-        self.first.remove(&run_id);
+        self.drop_kept(run_id);
+    }
+
+    /// Keeps nothing more of the run, and counts its events no more.
+    fn drop_kept(&self, run_id: RunId) {
+        if let Some((_, first)) = self.first.remove(&run_id) {
+            self.kept.give_back(first.events.len());
+        }
+    }
+
+    /// Keeps nothing more of any run.
+    fn drop_all_kept(&self) {
+        self.first.retain(|_, first| {
+            self.kept.give_back(first.events.len());
+            false
+        });
     }
 
     /// Whether anyone listens to `run_id` (publishing is free otherwise).
@@ -135,9 +181,12 @@ impl EventHub {
         let events: Vec<Arc<RunEvent>> = events.into_iter().map(Arc::new).collect();
         // Kept before the receivers are counted: a stream subscribes, then looks
         // at what is kept, so it either finds these kept or is counted and sent them.
-        let kept = self.first.get_mut(&run_id).is_none_or(|mut first| events.iter().all(|event| first.keep(event)));
+        let kept = self
+            .first
+            .get_mut(&run_id)
+            .is_none_or(|mut first| events.iter().all(|event| first.keep(event, &self.kept)));
         if !kept {
-            self.first.remove(&run_id);
+            self.drop_kept(run_id);
         }
         self.send(run_id, events.into_iter());
     }
@@ -167,7 +216,7 @@ impl EventHub {
     /// Runs of this store may be driven by other processes (see `remote`).
     pub fn follow_remote_runs(&self) {
         self.remote.store(true, std::sync::atomic::Ordering::SeqCst);
-        self.first.clear();
+        self.drop_all_kept();
     }
 
     /// Tells the run's subscribers that the store holds events they have not
@@ -196,7 +245,7 @@ impl EventHub {
 
     /// Ends the run's channel: subscribers drain what is buffered, then finish.
     pub fn close(&self, run_id: RunId) {
-        self.first.remove(&run_id);
+        self.drop_kept(run_id);
         self.channels.remove(&run_id);
     }
 
@@ -205,7 +254,7 @@ impl EventHub {
     /// of waiting forever.
     pub fn close_all(&self) {
         self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
-        self.first.clear();
+        self.drop_all_kept();
         self.channels.clear();
     }
 
@@ -631,6 +680,34 @@ mod tests {
         assert!(subscribe_owned(hub.clone(), store.clone(), run_id, "t", 0).await.unwrap().is_some(), "all kept");
         hub.publish(run_id, vec![turn(run_id, FIRST_EVENTS as u64 + 1)]);
         assert!(subscribe_owned(hub, store, run_id, "t", 0).await.unwrap().is_none(), "none kept once too many");
+    }
+
+    #[tokio::test]
+    async fn the_hub_keeps_a_bounded_number_of_events_over_all_runs() {
+        let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+        let hub = Arc::new(EventHub::new(16));
+        let full_run = |hub: &EventHub| {
+            let run_id = RunId::new();
+            let events: Vec<RunEvent> = (1..=FIRST_EVENTS as u64).map(|seq| turn(run_id, seq)).collect();
+            hub.begin(run_id, "t", &events);
+            hub.stored(run_id);
+            run_id
+        };
+        let runs: Vec<RunId> = (0..KEPT_EVENTS / FIRST_EVENTS).map(|_| full_run(&hub)).collect();
+        for run_id in &runs {
+            assert!(subscribe_owned(hub.clone(), store.clone(), *run_id, "t", 0).await.unwrap().is_some(), "kept");
+        }
+        let over = full_run(&hub);
+        assert!(subscribe_owned(hub.clone(), store.clone(), over, "t", 0).await.unwrap().is_none(), "over the bound");
+
+        // A run that ends gives its share back; so does one whose events stop
+        // being kept (one more than a run keeps).
+        hub.close(runs[0]);
+        let next = full_run(&hub);
+        assert!(subscribe_owned(hub.clone(), store.clone(), next, "t", 0).await.unwrap().is_some(), "kept again");
+        hub.publish(runs[1], vec![turn(runs[1], FIRST_EVENTS as u64 + 1)]);
+        let last = full_run(&hub);
+        assert!(subscribe_owned(hub, store, last, "t", 0).await.unwrap().is_some(), "kept again");
     }
 
     #[tokio::test]
