@@ -20,7 +20,7 @@ use rusqlite::types::{ToSql, ToSqlOutput, ValueRef};
 use rusqlite::{Connection, ErrorCode, OpenFlags};
 use troupe_actors::store::StoreError;
 
-use crate::store::sql::{LOCK_WAIT, Text, failed, plan_once};
+use crate::store::sql::{self, LOCK_WAIT, Text, failed, plan_once};
 use crate::store::wal_vfs;
 
 /// The statements a connection keeps prepared: every shape a group writes (a
@@ -280,7 +280,7 @@ impl Direct {
 /// Copies the WAL of the store at `path` into the database, as far as no reader
 /// needs it, without waiting for anyone.
 fn checkpoint(path: &Path) -> rusqlite::Result<()> {
-    let connection = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_WRITE)?;
+    let connection = sql::open(path, OpenFlags::SQLITE_OPEN_READ_WRITE)?;
     connection.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
 }
 
@@ -302,7 +302,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("troupe-direct-{}", uuid::Uuid::now_v7()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("store.db");
-        let setup = Connection::open(&path).unwrap();
+        let setup = sql::open(&path, OpenFlags::default()).unwrap();
         setup.execute_batch("PRAGMA journal_mode = WAL; CREATE TABLE rows (body TEXT NOT NULL);").unwrap();
         let database_bytes = || std::fs::metadata(&path).unwrap().len();
 

@@ -41,7 +41,11 @@
 //! index pages stay in memory; `direct.rs` says why not more); each reader's is
 //! 8 MiB too, so that large values read back (a long final output) are not held
 //! by every connection. SQLite's
-//! connections are not pinged before use (a local file cannot go stale).
+//! connections are not pinged before use (a local file cannot go stale). All of
+//! them use SQLite's `unix-excl` VFS (`sql::VFS`): the process holds the database
+//! file locked while the store is open (it owns the store alone anyway, see
+//! `Owner`) and keeps the WAL index in its memory, so a transaction takes its
+//! locks without system calls.
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -291,7 +295,8 @@ impl SqlStore {
                 // A database this creates can give deleted rows' pages back
                 // (`compact`, after retention); an existing one keeps its mode.
                 .auto_vacuum(SqliteAutoVacuum::Incremental)
-                .foreign_keys(true);
+                .foreign_keys(true)
+                .vfs(sql::VFS);
             if let Some(parent) = options.get_filename().parent().filter(|p| !p.as_os_str().is_empty()) {
                 std::fs::create_dir_all(parent)
                     .map_err(|error| StoreError::Backend(format!("cannot create {}: {error}", parent.display())))?;

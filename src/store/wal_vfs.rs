@@ -1,5 +1,6 @@
-//! The VFS of the store's writer: SQLite's default VFS, except that a WAL file
-//! gets each commit's frames in one write instead of two a frame.
+//! The VFS of the store's writer: the store's VFS (`sql::VFS`, the base here),
+//! except that a WAL file gets each commit's frames in one write instead of two
+//! a frame.
 //!
 //! SQLite writes a WAL frame as two `pwrite` calls, its 24-byte header then its
 //! page, so a commit of 10 pages makes 20 system calls, each paying the file
@@ -26,26 +27,28 @@
 //! first writes what is held, so SQLite's writes land in the order it made them.
 //! A crash while frames are held loses frames of a transaction that has not
 //! committed, as a crash in the middle of SQLite's own writes would. Files other
-//! than the database and its WAL are the default VFS's, untouched.
+//! than the database and its WAL are the base VFS's, untouched.
 #![allow(unsafe_code)]
 
-use std::ffi::{CStr, c_int, c_void};
+use std::ffi::{CStr, CString, c_int, c_void};
 use std::ptr;
 use std::sync::OnceLock;
 
 use rusqlite::ffi;
 
+use crate::store::sql;
+
 /// The name the VFS is registered under.
 pub(super) const NAME: &CStr = c"troupe-wal";
 
-/// Bytes held at most: the default VFS writes at most 128 KiB - 1 at once (its
+/// Bytes held at most: the base VFS writes at most 128 KiB - 1 at once (its
 /// `seekAndWriteFd`), so a longer run of frames is written in pieces this long.
 const MAX_HELD: usize = 0x1ffff;
 
 /// The size of a WAL frame's header.
 const FRAME_HEADER: c_int = 24;
 
-/// A WAL file: what it holds, then the default VFS's file (at [`INNER`]).
+/// A WAL file: what it holds, then the base VFS's file (at [`INNER`]).
 #[repr(C)]
 struct WalFile {
     base: ffi::sqlite3_file,
@@ -72,29 +75,30 @@ struct DatabaseFile {
     wal: *mut ffi::sqlite3_file,
 }
 
-/// Where the default VFS's file starts inside either file's allocation.
+/// Where the base VFS's file starts inside either file's allocation.
 const INNER: usize = {
     let (wal, database) = (size_of::<WalFile>(), size_of::<DatabaseFile>());
     (if wal > database { wal } else { database }).next_multiple_of(16)
 };
 
-/// The default VFS, which this one wraps (its address: `sqlite3_vfs` is not `Sync`).
+/// The base VFS, which this one wraps (its address: `sqlite3_vfs` is not `Sync`).
 static BASE: OnceLock<usize> = OnceLock::new();
 
-/// Registers the VFS (once per process). Fails only if SQLite has no default VFS.
+/// Registers the VFS (once per process). Fails only if SQLite lacks the base VFS.
 pub(super) fn register() -> Result<(), String> {
     static REGISTERED: OnceLock<Result<(), String>> = OnceLock::new();
     REGISTERED
         .get_or_init(|| {
-            // SAFETY: `sqlite3_vfs_find(NULL)` returns the default VFS, which lives
-            // as long as the process; the VFS registered here is leaked, so it
-            // does too, as SQLite requires. Its methods other than `xOpen` are the
-            // default VFS's, which read nothing of the VFS they are given but its
-            // `pAppData` and `mxPathname`, copied.
+            let name = CString::new(sql::VFS).map_err(|error| error.to_string())?;
+            // SAFETY: `sqlite3_vfs_find` returns a VFS built into SQLite, which
+            // lives as long as the process; the VFS registered here is leaked, so
+            // it does too, as SQLite requires. Its methods other than `xOpen` are
+            // the base VFS's, which read nothing of the VFS they are given but
+            // its `pAppData` and `mxPathname`, copied.
             unsafe {
-                let base = ffi::sqlite3_vfs_find(ptr::null());
+                let base = ffi::sqlite3_vfs_find(name.as_ptr());
                 if base.is_null() {
-                    return Err("SQLite has no default VFS".to_owned());
+                    return Err(format!("SQLite has no VFS named {}", sql::VFS));
                 }
                 let mut vfs = *base;
                 vfs.zName = NAME.as_ptr();
@@ -112,7 +116,7 @@ pub(super) fn register() -> Result<(), String> {
         .clone()
 }
 
-/// The default VFS's file inside `file`.
+/// The base VFS's file inside `file`.
 ///
 /// # Safety
 /// `file` is a [`WalFile`] or [`DatabaseFile`] this VFS opened.
@@ -121,12 +125,12 @@ unsafe fn inner(file: *mut ffi::sqlite3_file) -> *mut ffi::sqlite3_file {
     unsafe { file.cast::<u8>().add(INNER).cast() }
 }
 
-/// The default VFS's methods for the file inside `file`.
+/// The base VFS's methods for the file inside `file`.
 ///
 /// # Safety
 /// As [`inner`]; the inner file is open.
 unsafe fn methods(file: *mut ffi::sqlite3_file) -> &'static ffi::sqlite3_io_methods {
-    // SAFETY: an open file's methods are static in the default VFS.
+    // SAFETY: an open file's methods are static in the base VFS.
     unsafe { &*(*inner(file)).pMethods }
 }
 
@@ -137,7 +141,7 @@ unsafe extern "C" fn open(
     flags: c_int,
     out_flags: *mut c_int,
 ) -> c_int {
-    // SAFETY: `BASE` is the default VFS (registration set it before this VFS
+    // SAFETY: `BASE` is the base VFS (registration set it before this VFS
     // could be used), and `file` has room for either file and its inner file.
     unsafe {
         let Some(&base) = BASE.get() else { return ffi::SQLITE_CANTOPEN };
@@ -145,7 +149,7 @@ unsafe extern "C" fn open(
         let Some(base_open) = (*base).xOpen else { return ffi::SQLITE_CANTOPEN };
         let wal = flags & ffi::SQLITE_OPEN_WAL != 0;
         if !wal && flags & ffi::SQLITE_OPEN_MAIN_DB == 0 {
-            // Neither: the default VFS's file, in place (the allocation is larger
+            // Neither: the base VFS's file, in place (the allocation is larger
             // than it needs).
             return base_open(base, name, file, flags, out_flags);
         }
@@ -255,7 +259,7 @@ unsafe extern "C" fn wal_write(file: *mut ffi::sqlite3_file, data: *const c_void
     }
 }
 
-/// Closes the default VFS's file inside `file`, and `file` with it; returns
+/// Closes the base VFS's file inside `file`, and `file` with it; returns
 /// `first` if it is an error, else the close's code.
 ///
 /// # Safety
@@ -275,7 +279,7 @@ unsafe fn close(file: *mut ffi::sqlite3_file, first: c_int) -> c_int {
 unsafe extern "C" fn wal_close(file: *mut ffi::sqlite3_file) -> c_int {
     // SAFETY: SQLite closes an open file of this VFS once, and a WAL before its
     // database; the `WalFile` is dropped here, its inner file closed by the
-    // default VFS.
+    // base VFS.
     unsafe {
         let written = write_held(file);
         let database = (*file.cast::<WalFile>()).database;
@@ -292,7 +296,7 @@ unsafe extern "C" fn database_close(file: *mut ffi::sqlite3_file) -> c_int {
     unsafe { close(file, write_held_wal(file)) }
 }
 
-/// The default VFS's `xFetch` (a page of a memory-mapped file), after `before`.
+/// The base VFS's `xFetch` (a page of a memory-mapped file), after `before`.
 ///
 /// # Safety
 /// `file` is an open file of this VFS, `page` a place for the page.
@@ -337,7 +341,7 @@ unsafe extern "C" fn database_fetch(
     unsafe { fetch(file, nothing, offset, amount, page) }
 }
 
-/// A method that does what the default VFS does, after `$before` (a function of
+/// A method that does what the base VFS does, after `$before` (a function of
 /// the file that returns a code: an error is returned instead).
 macro_rules! forward {
     ($name:ident, $method:ident, $before:expr, $missing:expr, ($($arg:ident: $ty:ty),*)) => {
@@ -438,7 +442,7 @@ unsafe extern "C" fn database_shm_barrier(file: *mut ffi::sqlite3_file) {
     }
 }
 
-/// A WAL's methods: the default VFS's, around what it holds.
+/// A WAL's methods: the base VFS's, around what it holds.
 static WAL_METHODS: ffi::sqlite3_io_methods = ffi::sqlite3_io_methods {
     iVersion: 3,
     xClose: Some(wal_close),
@@ -461,7 +465,7 @@ static WAL_METHODS: ffi::sqlite3_io_methods = ffi::sqlite3_io_methods {
     xUnfetch: Some(unfetch),
 };
 
-/// A database's methods: the default VFS's, except that a lock of the WAL index
+/// A database's methods: the base VFS's, except that a lock of the WAL index
 /// changes only once its WAL holds nothing.
 static DATABASE_METHODS: ffi::sqlite3_io_methods = ffi::sqlite3_io_methods {
     iVersion: 3,
@@ -498,7 +502,7 @@ mod tests {
     }
 
     /// A database in a directory of its own, with a table of rows: its
-    /// directory, its path, a connection of the default VFS and one of this VFS
+    /// directory, its path, a connection of the base VFS and one of this VFS
     /// (a small page cache, so that a large transaction spills frames to the WAL
     /// before its commit; no automatic checkpoint, so the WAL keeps them).
     fn store() -> (std::path::PathBuf, std::path::PathBuf, Connection, Connection) {
@@ -506,7 +510,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("troupe-wal-vfs-{}", uuid::Uuid::now_v7()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("store.db");
-        let setup = Connection::open(&path).unwrap();
+        let setup = sql::open(&path, OpenFlags::default()).unwrap();
         setup.execute_batch("PRAGMA journal_mode = WAL; CREATE TABLE rows (body TEXT NOT NULL);").unwrap();
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let writer = Connection::open_with_flags_and_vfs(&path, flags, NAME).unwrap();
@@ -517,7 +521,7 @@ mod tests {
     }
 
     /// What a connection of this VFS commits is in the WAL file when `COMMIT`
-    /// returns: another connection (of the default VFS) sees it, and so does a
+    /// returns: another connection (of the base VFS) sees it, and so does a
     /// database opened afresh from the files, which recovers the WAL from its
     /// frames alone. That holds for small commits, for a transaction larger
     /// than what is held at most (written in several runs), and after a
@@ -526,7 +530,8 @@ mod tests {
     #[test]
     fn commits_reach_the_wal_whole_and_in_order() {
         let (dir, path, setup, writer) = store();
-        let reader = Connection::open_with_flags(&path, OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
+        let reader = sql::open(&path, OpenFlags::SQLITE_OPEN_READ_WRITE).unwrap();
+        reader.execute_batch("PRAGMA query_only = ON").unwrap();
 
         let mut committed = 0;
         for round in 0..50 {

@@ -161,6 +161,33 @@ async fn a_run_cut_by_sigterm_completes_after_a_restart() {
     let _ = std::fs::remove_dir_all(&sandbox.dir);
 }
 
+/// While the daemon runs, its SQLite file is locked to other programs (it keeps
+/// the WAL index in its own memory, so an outside reader could not see its
+/// commits, nor an outside writer be seen); once the daemon has stopped, the
+/// file opens and holds the run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sqlite_file_is_locked_to_other_programs_while_the_daemon_runs() {
+    let sandbox = Sandbox::new("locked-store", r#"["text_stats"]"#);
+    let model = FakeOpenAi::start(vec![text_stream("Done.", 2)], None).await.unwrap();
+    let daemon = Served::start(sandbox.troupe(&model, &["serve"]));
+    let id = daemon.post_run("say done", "crash").await;
+    let last = daemon.events(&id).await.pop().unwrap();
+    assert_eq!(last["status"], "succeeded");
+
+    let path = sandbox.dir.join("troupe.db");
+    let count = || -> rusqlite::Result<i64> {
+        let outside = rusqlite::Connection::open(&path)?;
+        outside.busy_timeout(Duration::ZERO)?;
+        outside.query_row("SELECT COUNT(*) FROM runs WHERE run_id = ?1", [&id], |row| row.get(0))
+    };
+    let error = count().expect_err("another program read the store while the daemon ran");
+    assert_eq!(error.sqlite_error_code(), Some(rusqlite::ErrorCode::DatabaseBusy), "{error}");
+
+    daemon.terminate();
+    assert_eq!(count().unwrap(), 1, "the stopped daemon's file opens and holds the run");
+    let _ = std::fs::remove_dir_all(&sandbox.dir);
+}
+
 /// An HTTP server whose every answer waits until `release` is notified; it counts
 /// the requests it got.
 async fn held_server(
