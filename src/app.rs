@@ -87,7 +87,7 @@ impl App {
                 let options = ClusterOptions { node_name, lease };
                 SqlStore::connect_cluster(&store_url, &options, heartbeat).await
             }
-            _ => SqlStore::connect(&store_url).await,
+            _ => SqlStore::connect_with(&store_url, config.store.sqlite_file()).await,
         }
         .with_context(|| format!("cannot open the store at {}", redact_url(&store_url)))?;
         // MCP servers start once this process owns the store (a refused start spawns none).

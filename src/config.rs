@@ -91,11 +91,21 @@ pub struct StoreConfig {
     pub gc_batch: usize,
     /// Seconds between the daemon's retention sweeps; 0: only `troupe gc`.
     pub gc_interval: f64,
+    /// Whether a SQLite store's file is locked to other programs while it is
+    /// open (faster); false leaves it open to them (a backup, a replication tool).
+    pub sqlite_exclusive: bool,
+}
+
+impl StoreConfig {
+    /// How a SQLite store shares its file with other programs.
+    pub fn sqlite_file(&self) -> crate::store::SqliteFile {
+        if self.sqlite_exclusive { crate::store::SqliteFile::Exclusive } else { crate::store::SqliteFile::Shared }
+    }
 }
 
 impl Default for StoreConfig {
     fn default() -> Self {
-        Self { url: None, retention_days: 30.0, gc_batch: 500, gc_interval: 3600.0 }
+        Self { url: None, retention_days: 30.0, gc_batch: 500, gc_interval: 3600.0, sqlite_exclusive: true }
     }
 }
 

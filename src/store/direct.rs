@@ -20,7 +20,7 @@ use rusqlite::types::{ToSql, ToSqlOutput, ValueRef};
 use rusqlite::{Connection, ErrorCode, OpenFlags};
 use troupe_actors::store::StoreError;
 
-use crate::store::sql::{self, LOCK_WAIT, Text, failed, plan_once};
+use crate::store::sql::{LOCK_WAIT, SqliteFile, Text, failed, plan_once};
 use crate::store::wal_vfs;
 
 /// The statements a connection keeps prepared: every shape a group writes (a
@@ -112,6 +112,7 @@ fn note_wal_pages(_: &rusqlite::hooks::Wal, pages: std::ffi::c_int) -> rusqlite:
 pub(super) struct Direct {
     connection: Connection,
     path: std::path::PathBuf,
+    file: SqliteFile,
     checkpoint_bytes: i64,
     /// The WAL's size, in pages, past which a checkpoint starts.
     checkpoint_pages: i64,
@@ -121,7 +122,8 @@ pub(super) struct Direct {
 }
 
 impl Direct {
-    /// Opens the store at `path`, which the store's pool has created (page size,
+    /// Opens the store at `path` (shared with other programs as `file` says),
+    /// which the store's pool has created (page size,
     /// WAL and auto-vacuum are the database's own settings by then). The WAL is
     /// copied back into the database once it holds `checkpoint_bytes`: not by the
     /// commit that filled it, as SQLite would (tens of milliseconds holding the
@@ -133,10 +135,10 @@ impl Direct {
     /// (`group::plan`), so each child row's lookup of its run would repeat that
     /// check (5 % of a durable turn's instructions). The store's other
     /// connections enforce them, and retention's deletes, made there, cascade.
-    pub(super) fn open(path: &Path, checkpoint_bytes: i64) -> Result<Self, StoreError> {
+    pub(super) fn open(path: &Path, file: SqliteFile, checkpoint_bytes: i64) -> Result<Self, StoreError> {
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-        wal_vfs::register().map_err(StoreError::Backend)?;
-        let connection = Connection::open_with_flags_and_vfs(path, flags, wal_vfs::NAME).map_err(|error| {
+        wal_vfs::register(file).map_err(StoreError::Backend)?;
+        let connection = Connection::open_with_flags_and_vfs(path, flags, wal_vfs::name(file)).map_err(|error| {
             StoreError::Backend(format!("cannot open the store's writer on {}: {error}", path.display()))
         })?;
         // No busy handler: a taken write lock is waited for by `begin`, asleep.
@@ -162,6 +164,7 @@ impl Direct {
         Ok(Self {
             connection,
             path: path.to_owned(),
+            file,
             checkpoint_bytes,
             checkpoint_pages: checkpoint_bytes / page_size.max(512),
             checkpoint: Arc::new(AtomicU8::new(IDLE)),
@@ -219,9 +222,9 @@ impl Direct {
             }
             IDLE if WAL_PAGES.get() >= self.checkpoint_pages => {
                 self.checkpoint.store(COPYING, Ordering::Release);
-                let (path, state) = (self.path.clone(), self.checkpoint.clone());
+                let (path, file, state) = (self.path.clone(), self.file, self.checkpoint.clone());
                 tokio::task::spawn_blocking(move || {
-                    if let Err(error) = checkpoint(&path) {
+                    if let Err(error) = checkpoint(&path, file) {
                         tracing::warn!(%error, "a checkpoint of the store's WAL failed; the next full WAL tries again");
                     }
                     state.store(COPIED, Ordering::Release);
@@ -241,7 +244,7 @@ impl Direct {
         if self.run("ROLLBACK").is_ok() && self.connection.is_autocommit() {
             return;
         }
-        match Self::open(&self.path, self.checkpoint_bytes) {
+        match Self::open(&self.path, self.file, self.checkpoint_bytes) {
             Ok(fresh) => *self = fresh,
             Err(error) => tracing::error!(%error, "the store's writer could not roll back nor reconnect"),
         }
@@ -279,8 +282,8 @@ impl Direct {
 
 /// Copies the WAL of the store at `path` into the database, as far as no reader
 /// needs it, without waiting for anyone.
-fn checkpoint(path: &Path) -> rusqlite::Result<()> {
-    let connection = sql::open(path, OpenFlags::SQLITE_OPEN_READ_WRITE)?;
+fn checkpoint(path: &Path, file: SqliteFile) -> rusqlite::Result<()> {
+    let connection = file.open(path, OpenFlags::SQLITE_OPEN_READ_WRITE)?;
     connection.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
 }
 
@@ -302,11 +305,11 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("troupe-direct-{}", uuid::Uuid::now_v7()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("store.db");
-        let setup = sql::open(&path, OpenFlags::default()).unwrap();
+        let setup = SqliteFile::Exclusive.open(&path, OpenFlags::default()).unwrap();
         setup.execute_batch("PRAGMA journal_mode = WAL; CREATE TABLE rows (body TEXT NOT NULL);").unwrap();
         let database_bytes = || std::fs::metadata(&path).unwrap().len();
 
-        let mut writer = Direct::open(&path, 64 * 1024).unwrap();
+        let mut writer = Direct::open(&path, SqliteFile::Exclusive, 64 * 1024).unwrap();
         let mut rows = 0;
         let commit = async |writer: &mut Direct| {
             writer.begin().await.unwrap();

@@ -41,11 +41,12 @@
 //! index pages stay in memory; `direct.rs` says why not more); each reader's is
 //! 8 MiB too, so that large values read back (a long final output) are not held
 //! by every connection. SQLite's
-//! connections are not pinged before use (a local file cannot go stale). All of
-//! them use SQLite's `unix-excl` VFS (`sql::VFS`): the process holds the database
-//! file locked while the store is open (it owns the store alone anyway, see
-//! `Owner`) and keeps the WAL index in its memory, so a transaction takes its
-//! locks without system calls.
+//! connections are not pinged before use (a local file cannot go stale). By
+//! default all of them use SQLite's `unix-excl` VFS (`SqliteFile::Exclusive`): the
+//! process holds the database file locked while the store is open (it owns the
+//! store alone anyway, see `Owner`) and keeps the WAL index in its memory, so a
+//! transaction takes its locks without system calls; `SqliteFile::Shared` leaves
+//! the file open to other programs (a backup, a replication tool).
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -65,6 +66,7 @@ pub use crate::store::cluster::{ClusterOptions, Node};
 use crate::store::direct::Direct;
 use crate::store::encode::{read_batch, stamp};
 use crate::store::group::Job;
+pub use crate::store::sql::SqliteFile;
 use crate::store::sql::{Columns, Pool, Readers, backend, parse, time};
 use crate::store::writer::{Backend, Writer};
 
@@ -232,7 +234,13 @@ impl SqlStore {
     /// Connects to `url` (`sqlite://PATH` or `postgres://…`) and applies the
     /// migrations. A SQLite file and its folder are created if missing.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        Self::open(url, None).await
+        Self::open(url, None, SqliteFile::default()).await
+    }
+
+    /// As [`SqlStore::connect`], with a SQLite file shared with other programs
+    /// as `file` says (PostgreSQL ignores it).
+    pub async fn connect_with(url: &str, file: SqliteFile) -> Result<Self, StoreError> {
+        Self::open(url, None, file).await
     }
 
     /// Connects to the PostgreSQL store at `url` as a node of a cluster: other
@@ -246,7 +254,7 @@ impl SqlStore {
                     .to_owned(),
             ));
         }
-        let store = Self::open(url, Some(options)).await?;
+        let store = Self::open(url, Some(options), SqliteFile::default()).await?;
         if let (Some(node), Pool::Postgres(pool)) = (&store.node, &store.pool) {
             node.join(pool).await?;
             let dropped = store._heartbeat.token();
@@ -261,7 +269,7 @@ impl SqlStore {
         Some(Membership { node: node.clone(), pool: pool.clone(), lost: self.lost.clone() })
     }
 
-    async fn open(url: &str, cluster: Option<&ClusterOptions>) -> Result<Self, StoreError> {
+    async fn open(url: &str, cluster: Option<&ClusterOptions>, file: SqliteFile) -> Result<Self, StoreError> {
         // The writer has a connection of its own: every group runs on the same
         // connection, so its statements stay prepared (a shared pool hands out its
         // connections in turn, each preparing every shape again), and reads never
@@ -296,7 +304,7 @@ impl SqlStore {
                 // (`compact`, after retention); an existing one keeps its mode.
                 .auto_vacuum(SqliteAutoVacuum::Incremental)
                 .foreign_keys(true)
-                .vfs(sql::VFS);
+                .vfs(file.vfs());
             if let Some(parent) = options.get_filename().parent().filter(|p| !p.as_os_str().is_empty()) {
                 std::fs::create_dir_all(parent)
                     .map_err(|error| StoreError::Backend(format!("cannot create {}: {error}", parent.display())))?;
@@ -317,8 +325,8 @@ impl SqlStore {
             // Connecting opens a connection, which creates the database with the
             // settings above before the writer opens it.
             let pool = pool.connect_with(options.clone()).await.map_err(backend)?;
-            let writer = Direct::open(options.get_filename(), CHECKPOINT_WAL_BYTES)?;
-            let readers = Arc::new(Readers::new(options.get_filename()));
+            let writer = Direct::open(options.get_filename(), file, CHECKPOINT_WAL_BYTES)?;
+            let readers = Arc::new(Readers::new(options.get_filename(), file));
             (Pool::Sqlite(pool, readers), Backend::Sqlite(Box::new(writer)), Owner::File(lock))
         } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
             // One plain connection first: a server that is down or refuses us fails

@@ -31,19 +31,38 @@ pub(super) type Map<K, V> = HashMap<K, V, RandomState>;
 /// (as sqlx's `busy_timeout` on the store's other connections).
 pub(super) const LOCK_WAIT: Duration = Duration::from_secs(10);
 
-/// The VFS of every connection to a SQLite store: SQLite's `unix-excl`, which
-/// holds the database file locked for this process while any connection is
-/// open and keeps the WAL index in the process's memory, so that a transaction
-/// takes its locks without a system call (the default VFS's six `fcntl` calls a
-/// transaction were 35 a run). The store already owns its database alone (its
-/// `.lock` file, `Owner`); another process opening it while the store is open
-/// finds it locked. Every connection of the process must use it: mixed with
-/// the default VFS on one file, the two would keep separate WAL indexes.
-pub(super) const VFS: &str = "unix-excl";
+/// How a SQLite store shares its database file with other programs while it is
+/// open (`store.sqlite_exclusive` in the config). Every connection of a store
+/// uses the same VFS; a process opens each file in one way only (mixed on one
+/// file, the two would keep separate WAL indexes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SqliteFile {
+    /// Locked for this process while the store is open (SQLite's `unix-excl`
+    /// VFS), which keeps the WAL index in its memory: a transaction takes its
+    /// locks without a system call (the default VFS's six `fcntl` calls a
+    /// transaction were 24 a run). The store already owns its database alone
+    /// (its `.lock` file); another program opening it finds it locked.
+    #[default]
+    Exclusive,
+    /// Open to other programs (SQLite's default VFS, the WAL index in the
+    /// `-shm` file): the `sqlite3` shell, a backup or a replication tool may
+    /// read it while the store is open.
+    Shared,
+}
 
-/// Opens a connection to the SQLite store at `path` with [`VFS`].
-pub(super) fn open(path: &Path, flags: OpenFlags) -> rusqlite::Result<Connection> {
-    Connection::open_with_flags_and_vfs(path, flags, VFS)
+impl SqliteFile {
+    /// The SQLite VFS its connections use.
+    pub(super) fn vfs(self) -> &'static str {
+        match self {
+            Self::Exclusive => "unix-excl",
+            Self::Shared => "unix",
+        }
+    }
+
+    /// Opens a connection to the SQLite store at `path`.
+    pub(super) fn open(self, path: &Path, flags: OpenFlags) -> rusqlite::Result<Connection> {
+        Connection::open_with_flags_and_vfs(path, flags, self.vfs())
+    }
 }
 
 /// Statuses of runs that have ended (what retention may delete).
@@ -115,12 +134,13 @@ const IDLE_READERS: usize = 4;
 /// the writer.
 pub(super) struct Readers {
     path: std::path::PathBuf,
+    file: SqliteFile,
     idle: std::sync::Mutex<Vec<Connection>>,
 }
 
 impl Readers {
-    pub(super) fn new(path: &Path) -> Self {
-        Self { path: path.to_owned(), idle: std::sync::Mutex::new(Vec::new()) }
+    pub(super) fn new(path: &Path, file: SqliteFile) -> Self {
+        Self { path: path.to_owned(), file, idle: std::sync::Mutex::new(Vec::new()) }
     }
 
     /// Runs `read` on an idle connection, or on a new one if none is idle.
@@ -140,7 +160,7 @@ impl Readers {
 
     fn open(&self) -> Result<Connection, StoreError> {
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-        let connection = open(&self.path, flags).map_err(|error| {
+        let connection = self.file.open(&self.path, flags).map_err(|error| {
             StoreError::Backend(format!("cannot open a reader of {}: {error}", self.path.display()))
         })?;
         connection.busy_timeout(LOCK_WAIT).map_err(failed)?;

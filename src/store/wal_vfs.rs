@@ -1,4 +1,4 @@
-//! The VFS of the store's writer: the store's VFS (`sql::VFS`, the base here),
+//! The VFS of the store's writer: the store's VFS (`sql::SqliteFile`, the base),
 //! except that a WAL file gets each commit's frames in one write instead of two
 //! a frame.
 //!
@@ -36,10 +36,23 @@ use std::sync::OnceLock;
 
 use rusqlite::ffi;
 
-use crate::store::sql;
+use crate::store::sql::SqliteFile;
 
-/// The name the VFS is registered under.
-pub(super) const NAME: &CStr = c"troupe-wal";
+/// The names the VFS is registered under, over each of the store's base VFSes.
+const NAMES: [&CStr; 2] = [c"troupe-wal", c"troupe-wal-shared"];
+
+/// Where a base VFS's registration is kept ([`NAMES`], [`BASES`]).
+fn slot(file: SqliteFile) -> usize {
+    match file {
+        SqliteFile::Exclusive => 0,
+        SqliteFile::Shared => 1,
+    }
+}
+
+/// The name of this VFS over the base VFS of `file` (registered by [`register`]).
+pub(super) fn name(file: SqliteFile) -> &'static CStr {
+    NAMES[slot(file)]
+}
 
 /// Bytes held at most: the base VFS writes at most 128 KiB - 1 at once (its
 /// `seekAndWriteFd`), so a longer run of frames is written in pieces this long.
@@ -81,31 +94,38 @@ const INNER: usize = {
     (if wal > database { wal } else { database }).next_multiple_of(16)
 };
 
-/// The base VFS, which this one wraps (its address: `sqlite3_vfs` is not `Sync`).
-static BASE: OnceLock<usize> = OnceLock::new();
+/// The base VFSes this one wraps, by [`slot`] (their addresses: `sqlite3_vfs`
+/// is not `Sync`).
+static BASES: [OnceLock<usize>; 2] = [OnceLock::new(), OnceLock::new()];
 
-/// Registers the VFS (once per process). Fails only if SQLite lacks the base VFS.
-pub(super) fn register() -> Result<(), String> {
-    static REGISTERED: OnceLock<Result<(), String>> = OnceLock::new();
-    REGISTERED
+/// Registers the VFS over the base VFS of `file` (once per process). Fails only
+/// if SQLite lacks the base VFS.
+pub(super) fn register(file: SqliteFile) -> Result<(), String> {
+    static REGISTERED: [OnceLock<Result<(), String>>; 2] = [OnceLock::new(), OnceLock::new()];
+    let slot = slot(file);
+    REGISTERED[slot]
         .get_or_init(|| {
-            let name = CString::new(sql::VFS).map_err(|error| error.to_string())?;
+            let base_name = CString::new(file.vfs()).map_err(|error| error.to_string())?;
             // SAFETY: `sqlite3_vfs_find` returns a VFS built into SQLite, which
             // lives as long as the process; the VFS registered here is leaked, so
             // it does too, as SQLite requires. Its methods other than `xOpen` are
             // the base VFS's, which read nothing of the VFS they are given but
-            // its `pAppData` and `mxPathname`, copied.
+            // its `pAppData` and `mxPathname`, copied. (The base's `xOpen` is
+            // given the base itself: `unix-excl` is told by its name.)
             unsafe {
-                let base = ffi::sqlite3_vfs_find(name.as_ptr());
+                let base = ffi::sqlite3_vfs_find(base_name.as_ptr());
                 if base.is_null() {
-                    return Err(format!("SQLite has no VFS named {}", sql::VFS));
+                    return Err(format!("SQLite has no VFS named {}", file.vfs()));
                 }
                 let mut vfs = *base;
-                vfs.zName = NAME.as_ptr();
+                vfs.zName = NAMES[slot].as_ptr();
                 vfs.pNext = ptr::null_mut();
                 vfs.szOsFile = c_int::try_from(INNER).map_err(|error| error.to_string())? + (*base).szOsFile;
-                vfs.xOpen = Some(open);
-                let _ = BASE.set(base as usize);
+                vfs.xOpen = Some(match file {
+                    SqliteFile::Exclusive => open::<0>,
+                    SqliteFile::Shared => open::<1>,
+                });
+                let _ = BASES[slot].set(base as usize);
                 let code = ffi::sqlite3_vfs_register(Box::into_raw(Box::new(vfs)), 0);
                 if code != ffi::SQLITE_OK {
                     return Err(format!("SQLite refused the store's VFS (code {code})"));
@@ -134,17 +154,18 @@ unsafe fn methods(file: *mut ffi::sqlite3_file) -> &'static ffi::sqlite3_io_meth
     unsafe { &*(*inner(file)).pMethods }
 }
 
-unsafe extern "C" fn open(
+/// Opens a file over the base VFS of slot `SLOT`.
+unsafe extern "C" fn open<const SLOT: usize>(
     _vfs: *mut ffi::sqlite3_vfs,
     name: ffi::sqlite3_filename,
     file: *mut ffi::sqlite3_file,
     flags: c_int,
     out_flags: *mut c_int,
 ) -> c_int {
-    // SAFETY: `BASE` is the base VFS (registration set it before this VFS
+    // SAFETY: `BASES[SLOT]` is the base VFS (registration set it before this VFS
     // could be used), and `file` has room for either file and its inner file.
     unsafe {
-        let Some(&base) = BASE.get() else { return ffi::SQLITE_CANTOPEN };
+        let Some(&base) = BASES[SLOT].get() else { return ffi::SQLITE_CANTOPEN };
         let base = base as *mut ffi::sqlite3_vfs;
         let Some(base_open) = (*base).xOpen else { return ffi::SQLITE_CANTOPEN };
         let wal = flags & ffi::SQLITE_OPEN_WAL != 0;
@@ -506,14 +527,14 @@ mod tests {
     /// (a small page cache, so that a large transaction spills frames to the WAL
     /// before its commit; no automatic checkpoint, so the WAL keeps them).
     fn store() -> (std::path::PathBuf, std::path::PathBuf, Connection, Connection) {
-        register().unwrap();
+        register(SqliteFile::Exclusive).unwrap();
         let dir = std::env::temp_dir().join(format!("troupe-wal-vfs-{}", uuid::Uuid::now_v7()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("store.db");
-        let setup = sql::open(&path, OpenFlags::default()).unwrap();
+        let setup = SqliteFile::Exclusive.open(&path, OpenFlags::default()).unwrap();
         setup.execute_batch("PRAGMA journal_mode = WAL; CREATE TABLE rows (body TEXT NOT NULL);").unwrap();
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-        let writer = Connection::open_with_flags_and_vfs(&path, flags, NAME).unwrap();
+        let writer = Connection::open_with_flags_and_vfs(&path, flags, name(SqliteFile::Exclusive)).unwrap();
         writer
             .execute_batch("PRAGMA synchronous = NORMAL; PRAGMA cache_size = 16; PRAGMA wal_autocheckpoint = 0;")
             .unwrap();
@@ -530,7 +551,7 @@ mod tests {
     #[test]
     fn commits_reach_the_wal_whole_and_in_order() {
         let (dir, path, setup, writer) = store();
-        let reader = sql::open(&path, OpenFlags::SQLITE_OPEN_READ_WRITE).unwrap();
+        let reader = SqliteFile::Exclusive.open(&path, OpenFlags::SQLITE_OPEN_READ_WRITE).unwrap();
         reader.execute_batch("PRAGMA query_only = ON").unwrap();
 
         let mut committed = 0;
@@ -625,7 +646,7 @@ mod tests {
         drop(writer);
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI;
         let uri = format!("file:{}?psow=0", path.display());
-        let writer = Connection::open_with_flags_and_vfs(&uri, flags, NAME).unwrap();
+        let writer = Connection::open_with_flags_and_vfs(&uri, flags, name(SqliteFile::Exclusive)).unwrap();
         writer.execute_batch("PRAGMA synchronous = FULL; PRAGMA wal_autocheckpoint = 0;").unwrap();
         let before = HELD_AT_BARRIER.load(std::sync::atomic::Ordering::Relaxed);
         for round in 0..20 {

@@ -164,28 +164,40 @@ async fn a_run_cut_by_sigterm_completes_after_a_restart() {
 /// While the daemon runs, its SQLite file is locked to other programs (it keeps
 /// the WAL index in its own memory, so an outside reader could not see its
 /// commits, nor an outside writer be seen); once the daemon has stopped, the
-/// file opens and holds the run.
+/// file opens and holds the run. With `store.sqlite_exclusive = false` another
+/// program reads it while the daemon runs (a backup, a replication tool).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_sqlite_file_is_locked_to_other_programs_while_the_daemon_runs() {
-    let sandbox = Sandbox::new("locked-store", r#"["text_stats"]"#);
-    let model = FakeOpenAi::start(vec![text_stream("Done.", 2)], None).await.unwrap();
-    let daemon = Served::start(sandbox.troupe(&model, &["serve"]));
-    let id = daemon.post_run("say done", "crash").await;
-    let last = daemon.events(&id).await.pop().unwrap();
-    assert_eq!(last["status"], "succeeded");
+async fn the_sqlite_file_is_locked_to_other_programs_unless_shared() {
+    for exclusive in [true, false] {
+        let sandbox = Sandbox::new(&format!("store-exclusive-{exclusive}"), r#"["text_stats"]"#);
+        let config = sandbox.dir.join("troupe.toml");
+        let mut text = std::fs::read_to_string(&config).unwrap();
+        text.push_str(&format!("[store]\nsqlite_exclusive = {exclusive}\n"));
+        std::fs::write(&config, text).unwrap();
+        let model = FakeOpenAi::start(vec![text_stream("Done.", 2)], None).await.unwrap();
+        let daemon = Served::start(sandbox.troupe(&model, &["serve"]));
+        let id = daemon.post_run("say done", "crash").await;
+        let last = daemon.events(&id).await.pop().unwrap();
+        assert_eq!(last["status"], "succeeded");
 
-    let path = sandbox.dir.join("troupe.db");
-    let count = || -> rusqlite::Result<i64> {
-        let outside = rusqlite::Connection::open(&path)?;
-        outside.busy_timeout(Duration::ZERO)?;
-        outside.query_row("SELECT COUNT(*) FROM runs WHERE run_id = ?1", [&id], |row| row.get(0))
-    };
-    let error = count().expect_err("another program read the store while the daemon ran");
-    assert_eq!(error.sqlite_error_code(), Some(rusqlite::ErrorCode::DatabaseBusy), "{error}");
-
-    daemon.terminate();
-    assert_eq!(count().unwrap(), 1, "the stopped daemon's file opens and holds the run");
-    let _ = std::fs::remove_dir_all(&sandbox.dir);
+        let path = sandbox.dir.join("troupe.db");
+        let count = || -> rusqlite::Result<i64> {
+            let outside = rusqlite::Connection::open(&path)?;
+            outside.busy_timeout(Duration::ZERO)?;
+            outside.query_row("SELECT COUNT(*) FROM runs WHERE run_id = ?1 AND status = 'succeeded'", [&id], |row| {
+                row.get(0)
+            })
+        };
+        if exclusive {
+            let error = count().expect_err("another program read the store while the daemon ran");
+            assert_eq!(error.sqlite_error_code(), Some(rusqlite::ErrorCode::DatabaseBusy), "{error}");
+        } else {
+            assert_eq!(count().unwrap(), 1, "another program reads the shared store while the daemon runs");
+        }
+        daemon.terminate();
+        assert_eq!(count().unwrap(), 1, "the stopped daemon's file opens and holds the run");
+        let _ = std::fs::remove_dir_all(&sandbox.dir);
+    }
 }
 
 /// An HTTP server whose every answer waits until `release` is notified; it counts
