@@ -33,8 +33,9 @@ pub(super) const LOCK_WAIT: Duration = Duration::from_secs(10);
 
 /// How a SQLite store shares its database file with other programs while it is
 /// open (`store.sqlite_exclusive` in the config). Every connection of a store
-/// uses the same VFS; a process opens each file in one way only (mixed on one
-/// file, the two would keep separate WAL indexes).
+/// uses the same VFS. (Within one process, SQLite keeps one WAL index a file,
+/// whichever VFS a connection names: the tests read a store's file through
+/// sqlx's default while the store is open.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SqliteFile {
     /// Locked for this process while the store is open (SQLite's `unix-excl`

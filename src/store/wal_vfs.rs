@@ -94,6 +94,16 @@ const INNER: usize = {
     (if wal > database { wal } else { database }).next_multiple_of(16)
 };
 
+/// This VFS's `xOpen` over each base VFS, by [`slot`].
+type Open = unsafe extern "C" fn(
+    *mut ffi::sqlite3_vfs,
+    ffi::sqlite3_filename,
+    *mut ffi::sqlite3_file,
+    c_int,
+    *mut c_int,
+) -> c_int;
+const OPENS: [Open; 2] = [open::<0>, open::<1>];
+
 /// The base VFSes this one wraps, by [`slot`] (their addresses: `sqlite3_vfs`
 /// is not `Sync`).
 static BASES: [OnceLock<usize>; 2] = [OnceLock::new(), OnceLock::new()];
@@ -121,10 +131,7 @@ pub(super) fn register(file: SqliteFile) -> Result<(), String> {
                 vfs.zName = NAMES[slot].as_ptr();
                 vfs.pNext = ptr::null_mut();
                 vfs.szOsFile = c_int::try_from(INNER).map_err(|error| error.to_string())? + (*base).szOsFile;
-                vfs.xOpen = Some(match file {
-                    SqliteFile::Exclusive => open::<0>,
-                    SqliteFile::Shared => open::<1>,
-                });
+                vfs.xOpen = Some(OPENS[slot]);
                 let _ = BASES[slot].set(base as usize);
                 let code = ffi::sqlite3_vfs_register(Box::into_raw(Box::new(vfs)), 0);
                 if code != ffi::SQLITE_OK {
