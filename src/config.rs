@@ -413,6 +413,8 @@ mod tests {
             "What is 4567 + 8910?",
             "What is 2 to the power of 10?",
             "What is the average of 12, 15 and 21?",
+            "I bought 3 books at $12.50 each. How much did I spend?",
+            "How much are 4 tickets for €7.25 apiece?",
         ] {
             assert_eq!(first(arithmetic).as_deref(), Some("calculate"), "{arithmetic}");
         }
@@ -426,6 +428,8 @@ mod tests {
             "Translate the word 'hello' into French.",
             "Write one sentence about the year 1969 and the total eclipse.",
             "What was the average rainfall in 2020?",
+            "Give me 3 facts about each planet.",
+            "Summarize each of the 2 emails for me.",
         ];
         for other in others {
             assert_eq!(first(other), None, "{other}: the model decides");

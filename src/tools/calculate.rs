@@ -3,8 +3,8 @@
 //! `f64`, shown to 10 decimal places at most). It reads symbols (`+ - * / ^ ( )`,
 //! `%` as percent, `**`) and the words people write them with ("17 times 23",
 //! "15 percent of 240", "20% off 80", "the square root of 81", "2 to the power of
-//! 10", "the average of 12, 15 and 21"), so it can be handed a request's own
-//! words. Pure and idempotent.
+//! 10", "the average of 12, 15 and 21", "3 books at $12.50 each"), so it can be
+//! handed a request's own words. Pure and idempotent.
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
@@ -77,7 +77,8 @@ impl Tool for Calculate {
 /// `expression` as read (symbols in place of words) and its value, or why it
 /// cannot be worked out.
 pub fn evaluate(expression: &str) -> Result<(String, Number), String> {
-    let tokens = tokens(expression)?;
+    let product = quantity_at_price(expression);
+    let tokens = tokens(product.as_deref().unwrap_or(expression))?;
     if tokens.is_empty() {
         return Err(format!("no arithmetic in {expression:?}"));
     }
@@ -88,6 +89,29 @@ pub fn evaluate(expression: &str) -> Result<(String, Number), String> {
         None => Ok((shown, value)),
         Some(token) => Err(format!("unexpected {} in {shown:?}", token.text())),
     }
+}
+
+/// "I bought 3 books at $12.50 each": a quantity, then "at" or "for" a price
+/// "each" ("apiece", "a piece", "per …"), and no other number in `text`,
+/// written as their product (`3 * 12.50`). Anything else is left as it is.
+fn quantity_at_price(text: &str) -> Option<String> {
+    let lower = text.to_lowercase();
+    let words: Vec<&str> = lower
+        .split_whitespace()
+        .map(|word| word.trim_start_matches(['$', '€', '£', '¥']).trim_end_matches(['.', ',', '?', '!', ';', ':']))
+        .collect();
+    let number = |word: &str| {
+        let digits = word.replace(',', "");
+        (digits.starts_with(|c: char| c.is_ascii_digit()) && digits.parse::<f64>().is_ok()).then_some(digits)
+    };
+    let numbers: Vec<(usize, String)> =
+        words.iter().enumerate().filter_map(|(at, word)| number(word).map(|digits| (at, digits))).collect();
+    let [(quantity_at, quantity), (price_at, price)] = numbers.as_slice() else { return None };
+    let between = price_at.checked_sub(1).filter(|&at| at > *quantity_at)?;
+    let unit = |offset: usize| words.get(price_at + offset).copied();
+    let each = matches!(unit(1), Some("each" | "apiece" | "per"))
+        || (unit(1) == Some("a") && matches!(unit(2), Some("piece" | "pop")));
+    (matches!(words[between], "at" | "for") && each).then(|| format!("{quantity} * {price}"))
 }
 
 /// A number: exact while it is whole, else a float.
@@ -608,6 +632,10 @@ mod tests {
             ("2 * 10% off 50", "90"),
             ("What is the average of 12, 15 and 21?", "16"),
             ("the mean of 1, 2, 3 and 5", "2.75"),
+            ("I bought 3 books at $12.50 each. How much did I spend?", "37.5"),
+            ("How much are 4 tickets for €7.25 apiece?", "29"),
+            ("2 kg of apples at 3.40 per kg", "6.8"),
+            ("1,200 bolts at $0.05 a piece", "60"),
         ];
         for (expression, expected) in cases {
             assert_eq!(value(expression), expected, "{expression}");
@@ -642,6 +670,10 @@ mod tests {
         assert_eq!(error("the average rainfall in 2020"), "\"rainfall\" is not arithmetic");
         assert_eq!(error("2 + the average of 3 and 5"), average);
         assert_eq!(error("the average of 3 + 5"), average);
+        // A quantity at a price each only with no other number, and the price after "at".
+        assert_eq!(error("3 books at $12.50 each and a pen for $2"), "\"books\" is not arithmetic");
+        assert_eq!(error("$12.50 each at 3 shops"), "\"each\" is not arithmetic");
+        assert_eq!(error("3 books at $12.50"), "\"books\" is not arithmetic");
         let off = "\"off\" goes between a percentage and a number (\"20% off 80\")";
         assert_eq!(error("20 off 80"), off);
         assert_eq!(error("20% off"), off);
