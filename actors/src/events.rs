@@ -147,13 +147,9 @@ impl EventHub {
 
     /// Keeps nothing more of the run: its streams start from the store. A session
     /// that loads its run from the store calls it (the session before it may have
-    /// committed events it never published).
+    /// committed events it never published); the hub itself calls it when the
+    /// run ends or its events stop being kept. Its events no longer count.
     pub fn forget(&self, run_id: RunId) {
-        self.drop_kept(run_id);
-    }
-
-    /// Keeps nothing more of the run, and counts its events no more.
-    fn drop_kept(&self, run_id: RunId) {
         if let Some((_, first)) = self.first.remove(&run_id) {
             self.kept.give_back(first.events.len());
         }
@@ -186,7 +182,7 @@ impl EventHub {
             .get_mut(&run_id)
             .is_none_or(|mut first| events.iter().all(|event| first.keep(event, &self.kept)));
         if !kept {
-            self.drop_kept(run_id);
+            self.forget(run_id);
         }
         self.send(run_id, events.into_iter());
     }
@@ -245,7 +241,7 @@ impl EventHub {
 
     /// Ends the run's channel: subscribers drain what is buffered, then finish.
     pub fn close(&self, run_id: RunId) {
-        self.drop_kept(run_id);
+        self.forget(run_id);
         self.channels.remove(&run_id);
     }
 

@@ -123,8 +123,8 @@ pub(super) struct Direct {
 
 impl Direct {
     /// Opens the store at `path` (shared with other programs as `file` says),
-    /// which the store's pool has created (page size,
-    /// WAL and auto-vacuum are the database's own settings by then). The WAL is
+    /// which the store's pool has created (page size, WAL and auto-vacuum are
+    /// the database's own settings by then). The WAL is
     /// copied back into the database once it holds `checkpoint_bytes`: not by the
     /// commit that filled it, as SQLite would (tens of milliseconds holding the
     /// task's thread), but by a connection of its own on a blocking thread, which

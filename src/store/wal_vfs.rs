@@ -80,8 +80,8 @@ struct WalFile {
     database: *mut DatabaseFile,
 }
 
-/// A database file: its connection's WAL while it is open, then the default
-/// VFS's file (at [`INNER`]).
+/// A database file: its connection's WAL while it is open, then the base VFS's
+/// file (at [`INNER`]).
 #[repr(C)]
 struct DatabaseFile {
     base: ffi::sqlite3_file,

@@ -92,7 +92,7 @@ pub fn evaluate(expression: &str) -> Result<(String, Number), String> {
 }
 
 /// "I bought 3 books at $12.50 each": a quantity, then "at" or "for" a price
-/// "each" ("apiece", "a piece", "per …"), and no other number in `text`,
+/// "each" ("apiece", "a piece", "a pop", "per …"), and no other number in `text`,
 /// written as their product (`3 * 12.50`). Anything else is left as it is.
 fn quantity_at_price(text: &str) -> Option<String> {
     let lower = text.to_lowercase();
